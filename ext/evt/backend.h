@@ -1,0 +1,50 @@
+/* The one interface every backend implements (backend_<mechanism>.c), in the spirit of redis's ae.c:
+ * open, close, arm and disarm a descriptor, wait without the GVL, dispatch what arrived, wake up.
+ *
+ * A backend knows descriptors, events and registrations; it never touches fibers or Ruby objects.
+ * The core (loop.c) owns the registrations and the waiters hanging off them. */
+#ifndef EVT_BACKEND_H
+#define EVT_BACKEND_H
+
+#include <stdint.h>
+
+struct evt_loop;
+struct evt_registration;
+
+/* Events, with the values of Ruby's IO::READABLE, IO::PRIORITY and IO::WRITABLE (poll(2)'s bits). */
+enum {
+    EVT_READABLE = 1,
+    EVT_PRIORITY = 2,
+    EVT_WRITABLE = 4,
+    EVT_EVENTS = EVT_READABLE | EVT_PRIORITY | EVT_WRITABLE,
+};
+
+struct evt_backend {
+    const char *name;
+    /* 0 when this backend can run on this machine, else -errno saying why not. */
+    int (*probe)(void);
+    /* Creates the kernel objects and sets loop->backend_data. 0, or -errno. */
+    int (*open)(struct evt_loop *loop);
+    /* Releases them. Also called in a forked child, for the copies it inherited. */
+    void (*close)(struct evt_loop *loop);
+    /* The kernel must report reg->events on fd (and errors), tagged with reg->generation.
+     * Called whenever reg->events changes and is not empty. 0, or -errno; -EPERM means fd
+     * cannot be polled (a regular file) and counts as always ready. */
+    int (*arm)(struct evt_loop *loop, int fd, struct evt_registration *reg);
+    /* Nobody waits on fd any more (reg->events is 0). */
+    void (*disarm)(struct evt_loop *loop, int fd, struct evt_registration *reg);
+    /* Waits up to timeout_ns (-1: no limit) and collects what arrived. Runs without the GVL:
+     * it must touch no Ruby object. Returns the number of events, or -errno. */
+    int (*wait)(struct evt_loop *loop, int64_t timeout_ns);
+    /* With the GVL: hands each collected event to evt_loop_io_ready(). */
+    void (*dispatch)(struct evt_loop *loop);
+    /* Ends a wait in progress. Any thread, async-signal-safe. */
+    void (*wakeup)(struct evt_loop *loop);
+};
+
+/* The backends this build has, fastest first, NULL-terminated. */
+extern const struct evt_backend *const evt_backends[];
+
+extern const struct evt_backend evt_backend_epoll;
+
+#endif

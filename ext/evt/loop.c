@@ -1,0 +1,978 @@
+/* The core of evt: waiters, the ready queue, fiber switching, the run loop and the hooks that block.
+ * See loop.h for the model; backend.h for what a backend does. */
+#include "loop.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <ruby/fiber/scheduler.h>
+#include <ruby/io.h>
+#include <ruby/io/buffer.h>
+#include <ruby/thread.h>
+
+VALUE evt_cLoop;
+
+static ID id_blocking_p;
+static VALUE eFiberError;
+
+/* What a finished wait reports besides events (> 0) and "unblocked" (1). */
+enum { EVT_SPURIOUS = 0, EVT_TIMED_OUT = -1 };
+
+/* Registration flags, learnt once per IO object on a descriptor. */
+enum {
+    EVT_REG_CHECKED = 1,   /* O_NONBLOCK and file type looked at */
+    EVT_REG_BLOCKING = 2,  /* a descriptor in blocking mode: poll before every transfer */
+};
+
+/* Counts forks: every child increments it at once, so a loop can tell it was inherited. */
+static volatile unsigned evt_forks;
+
+static void
+evt_atfork_child(void)
+{
+    evt_forks++;
+}
+
+static inline int64_t
+now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* nil -> -1 (no limit); otherwise nanoseconds, with the errors Kernel#sleep gives for bad values. */
+static int64_t
+timeout_ns(VALUE timeout)
+{
+    if (NIL_P(timeout)) return -1;
+    struct timespec ts = rb_time_timespec_interval(timeout);
+    if (ts.tv_sec >= INT64_MAX / 1000000000 / 4) return INT64_MAX / 4; /* practically forever */
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---- the loop object ---------------------------------------------------------------------- */
+
+#define EACH_WAITER(head, member, w)                                                           \
+    for (struct evt_list *node_ = (head)->next, *next_ = node_->next; node_ != (head);          \
+         node_ = next_, next_ = node_->next)                                                   \
+        for (struct evt_waiter *w = evt_container_of(node_, struct evt_waiter, member); w; w = NULL)
+
+static int
+mark_key(st_data_t key, st_data_t value, st_data_t arg)
+{
+    rb_gc_mark((VALUE)key);
+    return ST_CONTINUE;
+}
+
+/* Suspended fibers are reachable only through the loop: their waiters live on their own stacks.
+ * Fibers are pinned (their stacks hold their own VALUE anyway); registrations' IOs may move.
+ * A registration nobody waits on forgets its IO here, so an IO dropped without #close can still be
+ * collected (and closed); the next wait on that descriptor registers it with the kernel again. */
+static void
+loop_mark(void *ptr)
+{
+    struct evt_loop *loop = ptr;
+    rb_gc_mark_movable(loop->loop_fiber);
+    rb_gc_mark_movable(loop->thread);
+    EACH_WAITER(&loop->ready, ready_link, w) rb_gc_mark(w->fiber);
+    for (size_t i = 0; i < loop->timers.size; i++)
+        rb_gc_mark(evt_container_of(loop->timers.heap[i], struct evt_waiter, timer)->fiber);
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        struct evt_registration *reg = loop->registrations[fd];
+        if (!reg) continue;
+        if (evt_list_empty(&reg->waiters)) {
+            reg->io = Qnil;
+            continue;
+        }
+        rb_gc_mark_movable(reg->io);
+        EACH_WAITER(&reg->waiters, io_link, w) rb_gc_mark(w->fiber);
+    }
+    if (loop->unblockable) st_foreach(loop->unblockable, mark_key, 0);
+}
+
+static void
+loop_compact(void *ptr)
+{
+    struct evt_loop *loop = ptr;
+    loop->loop_fiber = rb_gc_location(loop->loop_fiber);
+    loop->thread = rb_gc_location(loop->thread);
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        struct evt_registration *reg = loop->registrations[fd];
+        if (reg) reg->io = rb_gc_location(reg->io);
+    }
+}
+
+static void
+loop_close_backend(struct evt_loop *loop)
+{
+    if (!loop->backend_data) return;
+    loop->backend->close(loop);
+    loop->backend_data = NULL;
+    /* Whatever the kernel knew is gone with its objects. */
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        struct evt_registration *reg = loop->registrations[fd];
+        if (reg) reg->interest = reg->trusted = 0, reg->index = -1;
+    }
+}
+
+static void
+loop_free(void *ptr)
+{
+    struct evt_loop *loop = ptr;
+    loop_close_backend(loop);
+    for (int fd = 0; fd < loop->registrations_size; fd++) ruby_xfree(loop->registrations[fd]);
+    ruby_xfree(loop->registrations);
+    evt_timers_free(&loop->timers);
+    if (loop->unblockable) st_free_table(loop->unblockable);
+    ruby_xfree(loop);
+}
+
+static size_t
+loop_memsize(const void *ptr)
+{
+    const struct evt_loop *loop = ptr;
+    size_t size = sizeof(*loop) + loop->timers.capacity * sizeof(struct evt_timer *);
+    size += loop->registrations_size * sizeof(struct evt_registration *);
+    for (int fd = 0; fd < loop->registrations_size; fd++)
+        if (loop->registrations[fd]) size += sizeof(struct evt_registration);
+    if (loop->unblockable) size += st_memsize(loop->unblockable);
+    return size;
+}
+
+static const rb_data_type_t loop_type = {
+    .wrap_struct_name = "Evt::Loop",
+    .function = {
+        .dmark = loop_mark,
+        .dfree = loop_free,
+        .dsize = loop_memsize,
+        .dcompact = loop_compact,
+    },
+    .flags = RUBY_TYPED_FREE_IMMEDIATELY,
+};
+
+static VALUE
+loop_alloc(VALUE klass)
+{
+    struct evt_loop *loop;
+    VALUE self = TypedData_Make_Struct(klass, struct evt_loop, &loop_type, loop);
+    loop->loop_fiber = Qnil;
+    loop->thread = Qnil;
+    evt_list_init(&loop->ready);
+    evt_timers_init(&loop->timers);
+    loop->unblockable = st_init_numtable();
+    loop->forks = evt_forks;
+    return self;
+}
+
+static void
+loop_open(struct evt_loop *loop)
+{
+    int err = loop->backend->open(loop);
+    if (err < 0) rb_syserr_fail_str(-err, rb_sprintf("evt: opening the %s backend", loop->backend->name));
+    loop->forks = evt_forks;
+    /* After a close with fibers still waiting, the new kernel objects must watch for them too. */
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        struct evt_registration *reg = loop->registrations[fd];
+        if (reg && reg->events) loop->backend->arm(loop, fd, reg);
+    }
+}
+
+/* In a forked child: the kernel objects are the parent's, and so are the fibers waiting in them.
+ * Like the parent's other threads, those fibers do not go on in the child; the forking fiber,
+ * which Ruby made the child's root fiber, now drives the loop. */
+static void
+loop_after_fork(struct evt_loop *loop)
+{
+    loop_close_backend(loop);
+    evt_list_init(&loop->ready);
+    loop->ready_count = 0;
+    evt_timers_clear(&loop->timers);
+    st_clear(loop->unblockable);
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        struct evt_registration *reg = loop->registrations[fd];
+        if (!reg) continue;
+        evt_list_init(&reg->waiters);
+        reg->io = Qnil;
+        reg->events = 0;
+    }
+    loop->waiting = 0;
+    loop->blocked = 0;
+    loop->loop_fiber = rb_fiber_current();
+    loop->thread = rb_thread_current();
+    loop->forks = evt_forks;
+}
+
+/* The loop, after any fork; the kernel objects may still be closed. */
+static struct evt_loop *
+loop_check(VALUE self)
+{
+    struct evt_loop *loop = rb_check_typeddata(self, &loop_type);
+    if (RB_UNLIKELY(!loop->backend)) rb_raise(rb_eRuntimeError, "evt: the scheduler is not initialized");
+    if (RB_UNLIKELY(loop->forks != evt_forks)) loop_after_fork(loop);
+    return loop;
+}
+
+/* The loop, ready to use: a closed one opens again. */
+static inline struct evt_loop *
+loop_get(VALUE self)
+{
+    struct evt_loop *loop = loop_check(self);
+    if (RB_UNLIKELY(!loop->backend_data)) loop_open(loop);
+    return loop;
+}
+
+/* ---- registrations -------------------------------------------------------------------------- */
+
+static struct evt_registration *
+registration_get(struct evt_loop *loop, int fd, VALUE io)
+{
+    if (fd >= loop->registrations_size) {
+        int size = loop->registrations_size ? loop->registrations_size : 64;
+        while (size <= fd) size *= 2;
+        REALLOC_N(loop->registrations, struct evt_registration *, size);
+        for (int i = loop->registrations_size; i < size; i++) loop->registrations[i] = NULL;
+        loop->registrations_size = size;
+    }
+    struct evt_registration *reg = loop->registrations[fd];
+    if (!reg) {
+        reg = ALLOC(struct evt_registration);
+        reg->io = Qnil;
+        evt_list_init(&reg->waiters);
+        reg->generation = 0;
+        reg->events = reg->interest = reg->trusted = reg->flags = 0;
+        reg->index = -1;
+        loop->registrations[fd] = reg;
+    }
+    if (reg->io != io) {
+        /* Another IO on this number (or one forgotten at GC): what the kernel and we knew was for
+         * the old one. Waiters of another IO sharing the descriptor stay. */
+        reg->io = io;
+        reg->generation = ++loop->generation;
+        reg->trusted = 0;
+        reg->flags = 0;
+    }
+    return reg;
+}
+
+/* Keeps the kernel's interest equal to what the remaining waiters want. */
+static void
+registration_update(struct evt_loop *loop, int fd)
+{
+    struct evt_registration *reg = loop->registrations[fd];
+    int events = 0;
+    EACH_WAITER(&reg->waiters, io_link, w) events |= w->events;
+    if (events == reg->events) return;
+    reg->events = events;
+    if (events) loop->backend->arm(loop, fd, reg); /* fewer events than before: cannot fail usefully */
+    else loop->backend->disarm(loop, fd, reg);
+}
+
+/* ---- waiters ----------------------------------------------------------------------------------- */
+
+static inline void
+waiter_init(struct evt_waiter *w, VALUE fiber)
+{
+    w->fiber = fiber;
+    evt_list_init(&w->ready_link);
+    evt_list_init(&w->io_link);
+    evt_timer_init(&w->timer);
+    w->fd = -1;
+    w->events = 0;
+    w->result = EVT_SPURIOUS;
+    w->state = EVT_IDLE;
+    w->unblockable = 0;
+}
+
+/* Takes the waiter out of everything it waits on (not out of the ready queue). */
+static void
+waiter_detach(struct evt_loop *loop, struct evt_waiter *w)
+{
+    if (evt_list_linked(&w->io_link)) {
+        evt_list_remove(&w->io_link);
+        registration_update(loop, w->fd);
+    }
+    if (evt_timer_active(&w->timer)) evt_timers_remove(&loop->timers, &w->timer);
+    if (w->unblockable) {
+        st_data_t key = (st_data_t)w->fiber;
+        st_delete(loop->unblockable, &key, NULL);
+        w->unblockable = 0;
+    }
+}
+
+static inline void
+waiter_ready(struct evt_loop *loop, struct evt_waiter *w)
+{
+    w->state = EVT_READY;
+    evt_list_append(&loop->ready, &w->ready_link);
+    loop->ready_count++;
+}
+
+static void
+waiter_wake(struct evt_loop *loop, struct evt_waiter *w, int result)
+{
+    if (w->state != EVT_WAITING) return;
+    waiter_detach(loop, w);
+    w->result = result;
+    waiter_ready(loop, w);
+}
+
+void
+evt_loop_io_ready(struct evt_loop *loop, int fd, uint32_t generation, int events)
+{
+    if (fd < 0 || fd >= loop->registrations_size) return;
+    struct evt_registration *reg = loop->registrations[fd];
+    if (!reg || reg->generation != generation) return; /* an older file that had this number */
+    EACH_WAITER(&reg->waiters, io_link, w) {
+        int ready = w->events & events;
+        if (ready) waiter_wake(loop, w, ready);
+    }
+}
+
+/* ---- running ---------------------------------------------------------------------------------- */
+
+/* Resumes the fibers that were ready when it started. Returns 1 if `until` (the loop fiber's own
+ * waiter, when the loop fiber itself waits) came up: the loop fiber then just carries on. */
+static int
+loop_resume_ready(struct evt_loop *loop, struct evt_waiter *until)
+{
+    size_t count = loop->ready_count;
+    while (count-- > 0 && !evt_list_empty(&loop->ready)) {
+        struct evt_waiter *w = evt_container_of(loop->ready.next, struct evt_waiter, ready_link);
+        evt_list_remove(&w->ready_link);
+        loop->ready_count--;
+        w->state = EVT_IDLE;
+        if (w == until) return 1;
+        rb_fiber_transfer(w->fiber, 0, NULL);
+    }
+    return 0;
+}
+
+static void
+loop_fire_timers(struct evt_loop *loop, int64_t now)
+{
+    struct evt_timer *timer;
+    while ((timer = evt_timers_first(&loop->timers)) && timer->deadline <= now) {
+        struct evt_waiter *w = evt_container_of(timer, struct evt_waiter, timer);
+        if (w->state == EVT_WAITING) waiter_wake(loop, w, EVT_TIMED_OUT);
+        else evt_timers_remove(&loop->timers, timer);
+    }
+}
+
+struct wait_arguments {
+    struct evt_loop *loop;
+    int64_t timeout;
+    int result;
+};
+
+static void *
+wait_without_gvl(void *ptr)
+{
+    struct wait_arguments *arguments = ptr;
+    arguments->result = arguments->loop->backend->wait(arguments->loop, arguments->timeout);
+    return NULL;
+}
+
+static void
+wait_unblock(void *ptr)
+{
+    struct evt_loop *loop = ptr;
+    loop->backend->wakeup(loop);
+}
+
+static void
+loop_wait(struct evt_loop *loop, int64_t timeout)
+{
+    struct wait_arguments arguments = {loop, timeout, 0};
+    if (timeout == 0) {
+        arguments.result = loop->backend->wait(loop, 0); /* a poll: not worth giving up the GVL */
+    }
+    else {
+        __atomic_store_n(&loop->blocked, 1, __ATOMIC_SEQ_CST);
+        rb_thread_call_without_gvl(wait_without_gvl, &arguments, wait_unblock, loop);
+        __atomic_store_n(&loop->blocked, 0, __ATOMIC_SEQ_CST);
+    }
+    if (arguments.result > 0) loop->backend->dispatch(loop);
+    else if (arguments.result < 0)
+        rb_syserr_fail_str(-arguments.result, rb_sprintf("evt: waiting on the %s backend", loop->backend->name));
+    /* Signals, Thread#raise and Thread#kill arrive here, after the events are safely dispatched. */
+    rb_thread_check_ints();
+}
+
+/* One iteration at a time, in the order libuv documents for its loop: resume what is ready, fire
+ * the timers that are due, compute how long to block, wait without the GVL, mark what arrived
+ * ready. Runs until no fiber waits, or, when `until` is given, until that waiter is resumed. */
+static void
+loop_run(struct evt_loop *loop, struct evt_waiter *until)
+{
+    for (;;) {
+        if (loop_resume_ready(loop, until)) return;
+        if (!until && loop->waiting == 0) return;
+
+        int64_t now = now_ns();
+        loop_fire_timers(loop, now);
+
+        int64_t timeout = -1;
+        struct evt_timer *first = evt_timers_first(&loop->timers);
+        if (loop->ready_count) timeout = 0;
+        else if (first) timeout = first->deadline > now ? first->deadline - now : 0;
+
+        loop_wait(loop, timeout);
+    }
+}
+
+/* ---- suspending ---------------------------------------------------------------------------------- */
+
+enum evt_wait_kind { EVT_WAIT_IO, EVT_WAIT_BLOCK, EVT_WAIT_YIELD, EVT_WAIT_START };
+
+/* One suspension of the current fiber. The whole of it (linking the waiter into the loop's
+ * structures, switching away, unlinking) runs under rb_ensure, so however the fiber is unwound the
+ * waiter has left every structure before its stack frame goes away. */
+struct evt_wait {
+    struct evt_loop *loop;
+    struct evt_waiter *waiter;
+    enum evt_wait_kind kind;
+    VALUE io;          /* EVT_WAIT_IO */
+    VALUE target;      /* EVT_WAIT_START: the new fiber */
+    int64_t timeout;   /* -1: none */
+    unsigned forks;
+};
+
+static VALUE
+wait_body(VALUE ptr)
+{
+    struct evt_wait *wait = (struct evt_wait *)ptr;
+    struct evt_loop *loop = wait->loop;
+    struct evt_waiter *w = wait->waiter;
+
+    w->state = EVT_WAITING;
+    loop->waiting++;
+
+    if (wait->timeout >= 0) evt_timers_add(&loop->timers, &w->timer, now_ns() + wait->timeout);
+
+    switch (wait->kind) {
+    case EVT_WAIT_IO: {
+        struct evt_registration *reg = registration_get(loop, w->fd, wait->io);
+        int previous = reg->events;
+        reg->events |= w->events;
+        if (reg->events != previous || !reg->trusted) {
+            int err = loop->backend->arm(loop, w->fd, reg);
+            if (err < 0) {
+                reg->events = previous;
+                if (err != -EPERM) rb_syserr_fail_str(-err, rb_sprintf("evt: watching descriptor %d", w->fd));
+                /* Cannot be polled (a regular file): always ready. */
+                waiter_wake(loop, w, w->events);
+                break;
+            }
+        }
+        evt_list_append(&reg->waiters, &w->io_link);
+        break;
+    }
+    case EVT_WAIT_BLOCK:
+        st_insert(loop->unblockable, (st_data_t)w->fiber, (st_data_t)w);
+        w->unblockable = 1;
+        break;
+    case EVT_WAIT_YIELD:
+    case EVT_WAIT_START:
+        waiter_wake(loop, w, EVT_SPURIOUS);
+        break;
+    }
+
+    if (wait->kind == EVT_WAIT_START) rb_fiber_transfer(wait->target, 0, NULL);
+    else if (w->fiber == loop->loop_fiber) loop_run(loop, w); /* the loop fiber waits by running the loop */
+    else rb_fiber_transfer(loop->loop_fiber, 0, NULL);
+    return Qnil;
+}
+
+static VALUE
+wait_ensure(VALUE ptr)
+{
+    struct evt_wait *wait = (struct evt_wait *)ptr;
+    struct evt_loop *loop = wait->loop;
+    struct evt_waiter *w = wait->waiter;
+    if (wait->forks != loop->forks) return Qnil; /* resumed in a child: the loop no longer knows it */
+    if (w->state == EVT_READY) {
+        /* Resumed by something other than the loop (Fiber#raise, a fiber it started ending). */
+        evt_list_remove(&w->ready_link);
+        loop->ready_count--;
+    }
+    waiter_detach(loop, w);
+    w->state = EVT_IDLE;
+    loop->waiting--;
+    return Qnil;
+}
+
+static int
+loop_suspend(struct evt_loop *loop, struct evt_waiter *w, enum evt_wait_kind kind, VALUE io, VALUE target,
+             int64_t timeout)
+{
+    struct evt_wait wait = {loop, w, kind, io, target, timeout, loop->forks};
+    rb_ensure(wait_body, (VALUE)&wait, wait_ensure, (VALUE)&wait);
+    return w->result;
+}
+
+/* Waits until fd has one of `events`: returns them, or EVT_TIMED_OUT. */
+static int
+loop_wait_io(struct evt_loop *loop, VALUE io, int fd, int events, int64_t timeout)
+{
+    struct evt_waiter w;
+    waiter_init(&w, rb_fiber_current());
+    w.fd = fd;
+    w.events = events;
+    int result;
+    int64_t deadline = timeout >= 0 ? now_ns() + timeout : -1;
+    for (;;) {
+        result = loop_suspend(loop, &w, EVT_WAIT_IO, io, Qnil, timeout);
+        if (result != EVT_SPURIOUS) return result;
+        if (deadline >= 0 && (timeout = deadline - now_ns()) < 0) timeout = 0;
+    }
+}
+
+/* Readiness right now, without waiting: poll(2) with a zero timeout, as IO#wait would see it. */
+static int
+poll_now(int fd, int events)
+{
+    struct pollfd pfd = {.fd = fd, .events = (short)events};
+    int n;
+    do n = poll(&pfd, 1, 0);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) rb_sys_fail("poll");
+    if (n == 0) return 0;
+    if (pfd.revents & POLLNVAL) rb_syserr_fail(EBADF, "poll");
+    int ready = pfd.revents & EVT_EVENTS;
+    if (pfd.revents & (POLLERR | POLLHUP)) ready |= EVT_READABLE | EVT_WRITABLE; /* let the caller meet the error */
+    return ready & events;
+}
+
+/* ---- hooks -------------------------------------------------------------------------------------- */
+
+/* Learns once per IO whether its descriptor would block a read or write (blocking mode and not a
+ * regular file): those are polled before each transfer instead of tried blindly. */
+static int
+descriptor_blocks(struct evt_loop *loop, VALUE io, int fd)
+{
+    struct evt_registration *reg = registration_get(loop, fd, io);
+    if (!(reg->flags & EVT_REG_CHECKED)) {
+        int flags = fcntl(fd, F_GETFL);
+        if (flags < 0) rb_sys_fail("fcntl(F_GETFL)");
+        reg->flags = EVT_REG_CHECKED;
+        if (!(flags & O_NONBLOCK)) {
+            struct stat st;
+            if (fstat(fd, &st) < 0) rb_sys_fail("fstat");
+            if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) reg->flags |= EVT_REG_BLOCKING;
+        }
+    }
+    return reg->flags & EVT_REG_BLOCKING;
+}
+
+/* Waits for the IO as a read or write would, under the IO's own #timeout. */
+static void
+wait_for_transfer(struct evt_loop *loop, VALUE io, int fd, int events)
+{
+    if (loop_wait_io(loop, io, fd, events, timeout_ns(rb_io_timeout(io))) == EVT_TIMED_OUT)
+        rb_raise(rb_eIOTimeoutError, "Blocking operation timed out!");
+}
+
+/* For a descriptor in blocking mode, waits until the transfer will not block the thread. */
+static inline void
+wait_unless_ready(struct evt_loop *loop, VALUE io, int fd, int events)
+{
+    if (!poll_now(fd, events)) wait_for_transfer(loop, io, fd, events);
+}
+
+/*
+ * io_wait(io, events, timeout) -> Integer or false
+ *
+ * The events of +events+ that are ready, waiting up to +timeout+ seconds (nil: no limit); false when
+ * the time is up first.
+ */
+static VALUE
+loop_io_wait(VALUE self, VALUE io, VALUE events_value, VALUE timeout_value)
+{
+    struct evt_loop *loop = loop_get(self);
+    int fd = rb_io_descriptor(io);
+    int events = NUM2INT(events_value) & EVT_EVENTS;
+    int64_t timeout = timeout_ns(timeout_value);
+    int ready = poll_now(fd, events);
+    if (ready) return INT2FIX(ready);
+    if (timeout == 0 || events == 0) return Qfalse;
+    int result = loop_wait_io(loop, io, fd, events, timeout);
+    return result > 0 ? INT2FIX(result) : Qfalse;
+}
+
+static void
+check_buffer_offset(size_t offset, size_t size)
+{
+    if (offset > size)
+        rb_raise(rb_eArgError, "offset %" PRIuSIZE " is past the end of the buffer (%" PRIuSIZE " bytes)", offset, size);
+}
+
+/*
+ * io_read(io, buffer, length, offset) -> Integer
+ *
+ * Reads into +buffer+ from +offset+ until at least +length+ bytes (0: whatever one read gives),
+ * end of file or an error. Returns the bytes read, or -errno.
+ */
+static VALUE
+loop_io_read(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset_value)
+{
+    struct evt_loop *loop = loop_get(self);
+    int fd = rb_io_descriptor(io);
+    size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
+    int blocks = descriptor_blocks(loop, io, fd);
+    for (;;) {
+        if (blocks) wait_unless_ready(loop, io, fd, EVT_READABLE);
+        void *base;
+        size_t size;
+        /* Fetched again after every wait: another fiber may have resized the buffer meanwhile. */
+        rb_io_buffer_get_bytes_for_writing(buffer, &base, &size);
+        check_buffer_offset(offset, size);
+        ssize_t n = read(fd, (char *)base + offset, size - offset);
+        if (n > 0) {
+            total += n;
+            offset += n;
+            if (total >= length || offset == size) break;
+            continue;
+        }
+        if (n == 0) break;
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            wait_for_transfer(loop, io, fd, EVT_READABLE);
+            continue;
+        }
+        if (total) break; /* the error will show on the next call */
+        return INT2FIX(-errno);
+    }
+    return SIZET2NUM(total);
+}
+
+/*
+ * io_write(io, buffer, length, offset) -> Integer
+ *
+ * Writes from +buffer+ at +offset+ until at least +length+ bytes (0: whatever one write takes) or an
+ * error. Returns the bytes written, or -errno.
+ */
+static VALUE
+loop_io_write(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset_value)
+{
+    struct evt_loop *loop = loop_get(self);
+    int fd = rb_io_descriptor(io);
+    size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
+    int blocks = descriptor_blocks(loop, io, fd);
+    for (;;) {
+        if (blocks) wait_unless_ready(loop, io, fd, EVT_WRITABLE);
+        const void *base;
+        size_t size;
+        rb_io_buffer_get_bytes_for_reading(buffer, &base, &size);
+        check_buffer_offset(offset, size);
+        ssize_t n = write(fd, (const char *)base + offset, size - offset);
+        if (n > 0) {
+            total += n;
+            offset += n;
+            if (total >= length || offset == size) break;
+            continue;
+        }
+        if (n == 0) break;
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            wait_for_transfer(loop, io, fd, EVT_WRITABLE);
+            continue;
+        }
+        if (total) break;
+        return INT2FIX(-errno);
+    }
+    return SIZET2NUM(total);
+}
+
+/* Blocks the current fiber until unblock or the timeout: 1 if unblocked, 0 if the time ran out. */
+static int
+loop_block(struct evt_loop *loop, int64_t timeout)
+{
+    struct evt_waiter w;
+    waiter_init(&w, rb_fiber_current());
+    int64_t deadline = timeout >= 0 ? now_ns() + timeout : -1;
+    for (;;) {
+        int result = loop_suspend(loop, &w, EVT_WAIT_BLOCK, Qnil, Qnil, timeout);
+        if (result == 1) return 1;
+        if (result == EVT_TIMED_OUT) return 0;
+        if (deadline >= 0 && (timeout = deadline - now_ns()) < 0) timeout = 0;
+    }
+}
+
+/*
+ * kernel_sleep(duration = nil) -> nil
+ *
+ * Sleeps for +duration+ seconds, or until #unblock (nil: no limit). sleep(0) lets the other ready
+ * fibers run first.
+ */
+static VALUE
+loop_kernel_sleep(int argc, VALUE *argv, VALUE self)
+{
+    rb_check_arity(argc, 0, 1);
+    int64_t timeout = argc ? timeout_ns(argv[0]) : -1;
+    struct evt_loop *loop = loop_get(self);
+    if (timeout == 0) {
+        struct evt_waiter w;
+        waiter_init(&w, rb_fiber_current());
+        loop_suspend(loop, &w, EVT_WAIT_YIELD, Qnil, Qnil, -1);
+        return Qnil;
+    }
+    loop_block(loop, timeout);
+    return Qnil;
+}
+
+/*
+ * block(blocker, timeout = nil) -> true or false
+ *
+ * Blocks the current fiber until #unblock (true) or until +timeout+ seconds have passed (false).
+ */
+static VALUE
+loop_block_m(int argc, VALUE *argv, VALUE self)
+{
+    rb_check_arity(argc, 1, 2);
+    int64_t timeout = argc > 1 ? timeout_ns(argv[1]) : -1;
+    return loop_block(loop_get(self), timeout) ? Qtrue : Qfalse;
+}
+
+/*
+ * unblock(blocker, fiber) -> nil
+ *
+ * Wakes +fiber+ from #block or #kernel_sleep. Safe from any thread: wakes the loop if it is
+ * waiting in the kernel, and costs no system call otherwise.
+ */
+static VALUE
+loop_unblock(VALUE self, VALUE blocker, VALUE fiber)
+{
+    struct evt_loop *loop = loop_check(self);
+    st_data_t value;
+    if (st_lookup(loop->unblockable, (st_data_t)fiber, &value)) waiter_wake(loop, (struct evt_waiter *)value, 1);
+    if (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) && loop->backend_data) loop->backend->wakeup(loop);
+    return Qnil;
+}
+
+static int
+fiber_blocking_p(VALUE fiber)
+{
+    return RTEST(rb_funcall(fiber, id_blocking_p, 0));
+}
+
+/*
+ * start(fiber) -> fiber
+ *
+ * Runs a new fiber at once, until it waits or ends. A scheduled fiber that starts another one waits
+ * in the ready queue meanwhile.
+ */
+static VALUE
+loop_start(VALUE self, VALUE fiber)
+{
+    struct evt_loop *loop = loop_get(self);
+    VALUE current = rb_fiber_current();
+    if (current == loop->loop_fiber || fiber_blocking_p(current)) {
+        loop->loop_fiber = current;
+        rb_fiber_transfer(fiber, 0, NULL);
+    }
+    else {
+        struct evt_waiter w;
+        waiter_init(&w, current);
+        loop_suspend(loop, &w, EVT_WAIT_START, Qnil, fiber, -1);
+    }
+    return fiber;
+}
+
+/*
+ * run -> self
+ *
+ * Runs the loop until no fiber waits in it. Call it from the blocking fiber that drives the
+ * scheduler (usually the thread's main fiber).
+ */
+static VALUE
+loop_run_m(VALUE self)
+{
+    struct evt_loop *loop = loop_get(self);
+    VALUE current = rb_fiber_current();
+    if (current != loop->loop_fiber) {
+        if (!fiber_blocking_p(current))
+            rb_raise(eFiberError, "evt: the loop runs on a blocking fiber (the one that drives the scheduler), "
+                                     "not inside a scheduled fiber");
+        loop->loop_fiber = current;
+    }
+    loop_run(loop, NULL);
+    return self;
+}
+
+/*
+ * scheduler_close -> nil
+ *
+ * Runs every fiber to completion, then releases the kernel objects (a later use opens new ones).
+ * Ruby calls it when the thread ends or another scheduler is set; it keeps $! as it found it, so
+ * the exception that is ending a thread is not lost.
+ */
+static VALUE
+loop_scheduler_close(VALUE self)
+{
+    struct evt_loop *loop = loop_check(self);
+    VALUE current = rb_fiber_current();
+    if (current != loop->loop_fiber && !fiber_blocking_p(current))
+        rb_raise(eFiberError, "evt: a scheduler is closed from the blocking fiber that drives it, "
+                                 "not from inside a scheduled fiber");
+    VALUE errinfo = rb_errinfo();
+    int state = 0;
+    rb_protect(loop_run_m, self, &state);
+    loop_close_backend(loop);
+    if (state) rb_jump_tag(state);
+    rb_set_errinfo(errinfo);
+    return Qnil;
+}
+
+/* Releases the kernel objects; the loop opens new ones if it is used again. */
+static VALUE
+loop_close_backend_m(VALUE self)
+{
+    loop_close_backend(loop_check(self));
+    return Qnil;
+}
+
+/*
+ * wakeup -> nil
+ *
+ * Ends a wait in the kernel in progress, from any thread.
+ */
+static VALUE
+loop_wakeup(VALUE self)
+{
+    struct evt_loop *loop = loop_check(self);
+    if (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) && loop->backend_data) loop->backend->wakeup(loop);
+    return Qnil;
+}
+
+static VALUE
+loop_backend(VALUE self)
+{
+    return ID2SYM(rb_intern(loop_check(self)->backend->name));
+}
+
+static VALUE
+loop_closed_p(VALUE self)
+{
+    return loop_check(self)->backend_data ? Qfalse : Qtrue;
+}
+
+/* The number of fibers suspended in the loop. */
+static VALUE
+loop_waiting(VALUE self)
+{
+    return SIZET2NUM(loop_check(self)->waiting);
+}
+
+static int
+collect_key(st_data_t key, st_data_t value, st_data_t set)
+{
+    rb_hash_aset((VALUE)set, (VALUE)key, Qtrue);
+    return ST_CONTINUE;
+}
+
+/* The fibers suspended in the loop, for tearing it down. */
+static VALUE
+loop_fibers(VALUE self)
+{
+    struct evt_loop *loop = loop_check(self);
+    VALUE set = rb_hash_new();
+    EACH_WAITER(&loop->ready, ready_link, w) rb_hash_aset(set, w->fiber, Qtrue);
+    for (size_t i = 0; i < loop->timers.size; i++)
+        rb_hash_aset(set, evt_container_of(loop->timers.heap[i], struct evt_waiter, timer)->fiber, Qtrue);
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        struct evt_registration *reg = loop->registrations[fd];
+        if (reg) EACH_WAITER(&reg->waiters, io_link, w) rb_hash_aset(set, w->fiber, Qtrue);
+    }
+    st_foreach(loop->unblockable, collect_key, (st_data_t)set);
+    rb_hash_delete(set, rb_fiber_current());
+    return rb_funcall(set, rb_intern("keys"), 0);
+}
+
+static const struct evt_backend *
+backend_named(VALUE name)
+{
+    if (!SYMBOL_P(name) && !RB_TYPE_P(name, T_STRING))
+        rb_raise(rb_eTypeError, "evt: backend name must be a Symbol or String, not %" PRIsVALUE, rb_obj_class(name));
+    VALUE string = rb_String(name);
+    for (const struct evt_backend *const *b = evt_backends; *b; b++)
+        if (strcmp((*b)->name, StringValueCStr(string)) == 0) return *b;
+    return NULL;
+}
+
+/*
+ * Evt::Loop.new(backend) -> loop
+ *
+ * +backend+ names one of Evt::Loop.backends; ArgumentError when it is unknown or cannot run here.
+ */
+static VALUE
+loop_initialize(VALUE self, VALUE name)
+{
+    struct evt_loop *loop = rb_check_typeddata(self, &loop_type);
+    if (loop->backend) rb_raise(rb_eRuntimeError, "evt: loop already initialized");
+    const struct evt_backend *backend = backend_named(name);
+    if (!backend) rb_raise(rb_eArgError, "evt: unknown backend %" PRIsVALUE, rb_inspect(name));
+    int err = backend->probe();
+    if (err < 0) rb_raise(rb_eArgError, "evt: the %s backend cannot run here: %s", backend->name, strerror(-err));
+    loop->backend = backend;
+    loop->loop_fiber = rb_fiber_current();
+    loop->thread = rb_thread_current();
+    loop_open(loop);
+    return self;
+}
+
+/* Evt::Loop.backends -> the names of the backends this build has, fastest first. */
+static VALUE
+loop_s_backends(VALUE klass)
+{
+    VALUE names = rb_ary_new();
+    for (const struct evt_backend *const *b = evt_backends; *b; b++) rb_ary_push(names, ID2SYM(rb_intern((*b)->name)));
+    return names;
+}
+
+/* Evt::Loop.probe(name) -> nil when the backend can run here, else the reason it cannot. */
+static VALUE
+loop_s_probe(VALUE klass, VALUE name)
+{
+    const struct evt_backend *backend = backend_named(name);
+    if (!backend) return rb_str_new_cstr("unknown backend");
+    int err = backend->probe();
+    return err < 0 ? rb_str_new_cstr(strerror(-err)) : Qnil;
+}
+
+void
+evt_loop_init(VALUE mEvt)
+{
+    id_blocking_p = rb_intern("blocking?");
+    eFiberError = rb_const_get(rb_cObject, rb_intern("FiberError"));
+    pthread_atfork(NULL, NULL, evt_atfork_child);
+
+    evt_cLoop = rb_define_class_under(mEvt, "Loop", rb_cObject);
+    rb_define_alloc_func(evt_cLoop, loop_alloc);
+    rb_define_singleton_method(evt_cLoop, "backends", loop_s_backends, 0);
+    rb_define_singleton_method(evt_cLoop, "probe", loop_s_probe, 1);
+    rb_define_method(evt_cLoop, "initialize", loop_initialize, 1);
+
+    rb_define_method(evt_cLoop, "io_wait", loop_io_wait, 3);
+    rb_define_method(evt_cLoop, "io_read", loop_io_read, 4);
+    rb_define_method(evt_cLoop, "io_write", loop_io_write, 4);
+    rb_define_method(evt_cLoop, "kernel_sleep", loop_kernel_sleep, -1);
+    rb_define_method(evt_cLoop, "block", loop_block_m, -1);
+    rb_define_method(evt_cLoop, "unblock", loop_unblock, 2);
+
+    rb_define_method(evt_cLoop, "run", loop_run_m, 0);
+    rb_define_method(evt_cLoop, "scheduler_close", loop_scheduler_close, 0);
+    rb_define_method(evt_cLoop, "wakeup", loop_wakeup, 0);
+    rb_define_method(evt_cLoop, "backend", loop_backend, 0);
+    rb_define_method(evt_cLoop, "closed?", loop_closed_p, 0);
+    rb_define_method(evt_cLoop, "waiting", loop_waiting, 0);
+
+    rb_define_private_method(evt_cLoop, "start", loop_start, 1);
+    rb_define_private_method(evt_cLoop, "close_backend", loop_close_backend_m, 0);
+    rb_define_private_method(evt_cLoop, "suspended_fibers", loop_fibers, 0);
+}

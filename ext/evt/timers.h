@@ -1,0 +1,50 @@
+/* The timer heap: a binary min-heap of deadlines. Timers are embedded in the structures that own
+ * them and remember their position in the heap, so removal is O(log n) without a search. Equal
+ * deadlines fire in the order they were added. */
+#ifndef EVT_TIMERS_H
+#define EVT_TIMERS_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#define EVT_TIMER_INACTIVE ((size_t)-1)
+
+struct evt_timer {
+    int64_t deadline;   /* monotonic clock, nanoseconds */
+    uint64_t sequence;  /* insertion order, breaks ties between equal deadlines */
+    size_t index;       /* position in the heap, EVT_TIMER_INACTIVE when not in it */
+};
+
+struct evt_timers {
+    struct evt_timer **heap;
+    size_t size, capacity;
+    uint64_t next_sequence;
+};
+
+void evt_timers_init(struct evt_timers *timers);
+void evt_timers_free(struct evt_timers *timers);
+void evt_timers_clear(struct evt_timers *timers);
+/* Adds an inactive timer; grows the heap (raising NoMemoryError) only when it is full. */
+void evt_timers_add(struct evt_timers *timers, struct evt_timer *timer, int64_t deadline);
+void evt_timers_remove(struct evt_timers *timers, struct evt_timer *timer);
+
+static inline void
+evt_timer_init(struct evt_timer *timer)
+{
+    timer->index = EVT_TIMER_INACTIVE;
+}
+
+static inline int
+evt_timer_active(const struct evt_timer *timer)
+{
+    return timer->index != EVT_TIMER_INACTIVE;
+}
+
+/* The earliest timer, or NULL. */
+static inline struct evt_timer *
+evt_timers_first(const struct evt_timers *timers)
+{
+    return timers->size ? timers->heap[0] : NULL;
+}
+
+#endif

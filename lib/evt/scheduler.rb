@@ -1,0 +1,125 @@
+# frozen_string_literal: true
+
+module Evt
+  # A Fiber Scheduler: `Fiber.set_scheduler(Evt::Scheduler.new)` makes every blocking operation in a
+  # non-blocking fiber of this thread wait in the event loop, while the other fibers run.
+  #
+  # The hooks Ruby calls on the hot path live in C, in {Evt::Loop} (ext/evt/loop.c); this class adds
+  # the rest and is the one place that lists them all:
+  #
+  # | hook                                   | where                          |
+  # |----------------------------------------|--------------------------------|
+  # | io_wait(io, events, timeout)           | C                              |
+  # | io_read(io, buffer, length, offset)    | C                              |
+  # | io_write(io, buffer, length, offset)   | C                              |
+  # | kernel_sleep(duration = nil)           | C                              |
+  # | block(blocker, timeout = nil)          | C                              |
+  # | unblock(blocker, fiber)                | C, safe from any thread        |
+  # | fiber(**options, &block)               | here                           |
+  # | scheduler_close                        | C, keeps $! intact             |
+  # | close                                  | here                           |
+  class Scheduler < Loop
+    # @return [Array<Symbol>] the backends that can run on this machine, fastest first.
+    def self.availables
+      Loop.backends.select { |name| Loop.probe(name).nil? }
+    end
+
+    # @param backend [Symbol, String, nil] the event mechanism: one of {availables}. nil takes
+    #   EVT_BACKEND from the environment if set, else the fastest available.
+    # @raise [ArgumentError] the backend is unknown or cannot run here.
+    # @raise [TypeError] backend is not a Symbol, String or nil.
+    def initialize(backend: nil)
+      super(self.class.send(:choose_backend, backend))
+    end
+
+    def self.choose_backend(requested)
+      name = requested
+      source = "backend"
+      if name.nil?
+        name = ENV.fetch("EVT_BACKEND", nil)
+        name = nil if name&.empty?
+        source = "EVT_BACKEND"
+      end
+      available = availables
+      return available.first || raise(ArgumentError, "evt: no backend can run here") if name.nil?
+      unless name.is_a?(Symbol) || name.is_a?(String)
+        raise TypeError, "evt: backend must be a Symbol or String (nil: the fastest), not #{name.class}"
+      end
+
+      name = name.to_sym
+      return name if available.include?(name)
+
+      reason = Loop.backends.include?(name) ? "cannot run here (#{Loop.probe(name)})" : "is unknown"
+      raise ArgumentError, "evt: #{source} #{name.inspect} #{reason}; available: #{available.map(&:inspect).join(", ")}"
+    end
+    private_class_method :choose_backend
+
+    # @!method io_wait(io, events, timeout)
+    #   Waits until +io+ has one of +events+ (IO::READABLE, IO::PRIORITY, IO::WRITABLE).
+    #   @return [Integer, false] the events that are ready, or false when +timeout+ seconds passed.
+    # @!method io_read(io, buffer, length, offset)
+    #   Reads into the IO::Buffer at +offset+, at least +length+ bytes (0: whatever one read gives).
+    #   @return [Integer] bytes read, or -errno.
+    # @!method io_write(io, buffer, length, offset)
+    #   Writes from the IO::Buffer at +offset+, at least +length+ bytes (0: whatever one write takes).
+    #   @return [Integer] bytes written, or -errno.
+    # @!method kernel_sleep(duration = nil)
+    #   Sleeps +duration+ seconds (nil: until unblocked); sleep(0) lets the other ready fibers run.
+    # @!method block(blocker, timeout = nil)
+    #   Suspends the fiber until {#unblock}, or +timeout+ seconds.
+    #   @return [Boolean] true when unblocked, false when the time ran out.
+    # @!method unblock(blocker, fiber)
+    #   Resumes a fiber suspended in {#block} or {#kernel_sleep}. Safe from any thread.
+    # @!method run
+    #   Runs the loop until no fiber waits in it.
+    # @!method wakeup
+    #   Ends the loop's wait in the kernel, from any thread.
+    # @!method backend
+    #   @return [Symbol] the backend in use.
+
+    # Fiber.schedule: runs the block at once in a new non-blocking fiber, until it waits or ends.
+    # An exception that ends the fiber is reported on $stderr (as Thread#report_on_exception does)
+    # and ends that fiber only; SystemExit and signals go on to the loop.
+    # @return [Fiber]
+    def fiber(**options, &block)
+      raise ArgumentError, "evt: Fiber.schedule needs a block" unless block
+      raise ArgumentError, "evt: scheduled fibers are non-blocking" if options[:blocking]
+
+      fiber = Fiber.new(**options, blocking: false) do
+        block.call
+      rescue SystemExit, SignalException
+        raise
+      rescue Exception => error # rubocop:disable Lint/RescueException -- a fiber's end, reported
+        report(error, block)
+      end
+      start(fiber)
+    end
+
+    # Runs every fiber to completion and releases the kernel objects. As the thread's scheduler, it
+    # is unset first (Ruby then calls {#scheduler_close}).
+    def close
+      return Fiber.set_scheduler(nil) if Fiber.scheduler.equal?(self)
+
+      scheduler_close
+    end
+
+    # Ends every fiber suspended in the loop, running their ensure clauses (Fiber#kill), as Ruby ends
+    # a process's other threads. For a loop torn down by an exception.
+    def kill_all
+      suspended_fibers.each { |fiber| fiber.kill if fiber.alive? }
+      nil
+    end
+
+    private
+
+    def report(error, block)
+      return unless Thread.current.report_on_exception
+
+      where = block.source_location&.join(":")
+      $stderr.write("#<Fiber:#{Fiber.current.object_id} #{where}> terminated with exception " \
+                    "(report_on_exception is true):\n#{error.full_message}")
+    rescue StandardError
+      nil
+    end
+  end
+end
