@@ -1,0 +1,142 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# Fiber.schedule: starting fibers, nesting, many fibers, and what happens when one fails.
+class FiberTest < Minitest::Test
+  def test_schedule_runs_the_block_at_once_until_it_waits
+    order = []
+    evt do
+      Fiber.schedule do
+        order << :fiber
+        sleep 0.01
+        order << :fiber_again
+      end
+      order << :caller
+    end
+    assert_equal %i[fiber caller fiber_again], order
+  end
+
+  def test_schedule_returns_a_non_blocking_fiber
+    fiber = nil
+    evt { fiber = Fiber.schedule { sleep 0.001 } }
+    assert_kind_of Fiber, fiber
+    refute fiber.blocking?
+    refute fiber.alive?
+  end
+
+  def test_a_fiber_scheduling_a_fiber_resumes_after_the_child_waits
+    order = []
+    evt do
+      Fiber.schedule do
+        order << :parent
+        Fiber.schedule do
+          order << :child
+          sleep 0.01
+          order << :child_again
+        end
+        order << :parent_again
+      end
+    end
+    assert_equal %i[parent child parent_again child_again], order
+  end
+
+  def test_ten_thousand_concurrent_fibers
+    finished = 0
+    time = elapsed do
+      evt do
+        10_000.times do
+          Fiber.schedule do
+            sleep 0.05
+            finished += 1
+          end
+        end
+      end
+    end
+    assert_equal 10_000, finished
+    assert_operator time, :<, 10, "the sleeps must overlap"
+  end
+
+  def test_an_exception_ends_only_its_fiber_and_is_reported
+    other = false
+    _, err = capture_io do
+      evt do
+        Fiber.schedule { raise ArgumentError, "boom" }
+        Fiber.schedule do
+          sleep 0.01
+          other = true
+        end
+      end
+    end
+    assert other
+    assert_match(/terminated with exception \(report_on_exception is true\)/, err)
+    assert_match(/boom \(ArgumentError\)/, err)
+    assert_match(/fiber_test\.rb:\d+/, err)
+  end
+
+  def test_report_on_exception_false_keeps_quiet
+    _, err = capture_io do
+      Thread.current.report_on_exception = false
+      evt { Fiber.schedule { raise "quiet" } }
+    ensure
+      Thread.current.report_on_exception = true
+    end
+    assert_empty err
+  end
+
+  def test_exit_in_a_fiber_reaches_the_caller
+    error = assert_raises(SystemExit) { evt { Fiber.schedule { exit 3 } } }
+    assert_equal 3, error.status
+  end
+
+  def test_exit_in_a_fiber_ends_the_other_fibers_through_their_ensure
+    cleaned = false
+    assert_raises(SystemExit) do
+      evt do
+        Fiber.schedule do
+          sleep 10
+        ensure
+          cleaned = true
+        end
+        Fiber.schedule { exit 1 }
+      end
+    end
+    assert cleaned
+  end
+
+  def test_schedule_without_a_block_raises_argument_error
+    evt { assert_raises(ArgumentError) { Fiber.schedule } }
+  end
+
+  def test_a_blocking_scheduled_fiber_is_refused
+    evt do
+      error = assert_raises(ArgumentError) { Fiber.schedule(blocking: true) { nil } }
+      assert_match(/non-blocking/, error.message)
+    end
+  end
+
+  def test_fiber_options_reach_the_fiber
+    seen = nil
+    evt { Fiber.schedule(storage: {answer: 42}) { seen = Fiber[:answer] } }
+    assert_equal 42, seen
+  end
+
+  def test_fiber_kill_runs_ensure_and_leaves_the_loop_consistent
+    cleaned = false
+    after = false
+    evt do
+      sleeper = Fiber.schedule do
+        sleep 10
+      ensure
+        cleaned = true
+      end
+      Fiber.schedule do
+        sleeper.kill
+        sleep 0.01
+        after = true
+      end
+    end
+    assert cleaned
+    assert after
+  end
+end

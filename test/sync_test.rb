@@ -1,0 +1,201 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# block and unblock: Queue, Mutex, ConditionVariable and Thread#join, between fibers and threads.
+class SyncTest < Minitest::Test
+  def test_queue_between_fibers
+    received = []
+    evt do
+      queue = Thread::Queue.new
+      Fiber.schedule { 3.times { received << queue.pop } }
+      Fiber.schedule do
+        3.times do |i|
+          sleep 0.001
+          queue << i
+        end
+      end
+    end
+    assert_equal [0, 1, 2], received
+  end
+
+  def test_queue_pop_with_a_timeout_gives_nil
+    result = :unset
+    time = elapsed { evt { result = Thread::Queue.new.pop(timeout: 0.05) } }
+    assert_nil result
+    assert_operator time, :>=, 0.05
+  end
+
+  def test_queue_fed_by_another_thread
+    received = []
+    evt do
+      queue = Thread::Queue.new
+      Fiber.schedule { 5.times { received << queue.pop } }
+      Thread.new { 5.times { |i| queue << i } }
+    end
+    assert_equal [0, 1, 2, 3, 4], received
+  end
+
+  def test_an_unblock_from_another_thread_wakes_the_loop_within_a_millisecond
+    latencies = []
+    evt do
+      queue = Thread::Queue.new
+      Fiber.schedule do
+        20.times { latencies << (monotonic - queue.pop) }
+      end
+      Thread.new do
+        20.times do
+          sleep 0.005 # lets the loop settle into its wait in the kernel
+          queue << monotonic
+        end
+      end
+    end
+    assert_equal 20, latencies.size
+    assert_operator median(latencies), :<, 0.001
+  end
+
+  def test_mutex_between_fibers
+    order = []
+    evt do
+      mutex = Mutex.new
+      Fiber.schedule do
+        mutex.synchronize do
+          sleep 0.02
+          order << :first
+        end
+      end
+      Fiber.schedule { mutex.synchronize { order << :second } }
+    end
+    assert_equal %i[first second], order
+  end
+
+  def test_mutex_between_a_fiber_and_a_thread
+    order = []
+    mutex = Mutex.new
+    locked = Thread::Queue.new
+    thread = Thread.new do
+      mutex.synchronize do
+        locked << true
+        sleep 0.05
+        order << :thread
+      end
+    end
+    evt do
+      locked.pop
+      mutex.synchronize { order << :fiber }
+    end
+    thread.join
+    assert_equal %i[thread fiber], order
+  end
+
+  def test_condition_variable_between_fibers
+    log = []
+    evt do
+      mutex = Mutex.new
+      condition = ConditionVariable.new
+      Fiber.schedule do
+        mutex.synchronize do
+          condition.wait(mutex)
+          log << :woken
+        end
+      end
+      Fiber.schedule do
+        mutex.synchronize do
+          log << :signal
+          condition.signal
+        end
+      end
+    end
+    assert_equal %i[signal woken], log
+  end
+
+  def test_condition_variable_wait_with_a_timeout
+    time = elapsed do
+      evt do
+        mutex = Mutex.new
+        mutex.synchronize { ConditionVariable.new.wait(mutex, 0.05) }
+      end
+    end
+    assert_operator time, :>=, 0.05
+    assert_operator time, :<, 1
+  end
+
+  def test_condition_variable_signalled_by_another_thread
+    woken = false
+    mutex = Mutex.new
+    condition = ConditionVariable.new
+    evt do
+      Fiber.schedule do
+        mutex.synchronize do
+          Thread.new { mutex.synchronize { condition.signal } }
+          condition.wait(mutex)
+          woken = true
+        end
+      end
+    end
+    assert woken
+  end
+
+  def test_thread_join_lets_the_other_fibers_run
+    ticks = 0
+    joined = false
+    evt do
+      thread = Thread.new { sleep 0.05 }
+      Fiber.schedule do
+        thread.join
+        joined = true
+      end
+      Fiber.schedule do
+        until joined
+          ticks += 1
+          sleep 0.005
+        end
+      end
+    end
+    assert joined
+    assert_operator ticks, :>=, 3
+  end
+
+  def test_thread_join_with_a_timeout
+    result = :unset
+    thread = Thread.new { sleep 1 }
+    evt { result = thread.join(0.02) }
+    assert_nil result
+  ensure
+    thread&.kill
+  end
+
+  def test_block_times_out_with_false_and_unblock_gives_true
+    timed_out = unblocked = nil
+    evt do
+      scheduler = Fiber.scheduler
+      timed_out = scheduler.block(:test, 0.01)
+      fiber = Fiber.schedule { unblocked = scheduler.block(:test, nil) }
+      scheduler.unblock(:test, fiber)
+    end
+    assert_equal false, timed_out
+    assert_equal true, unblocked
+  end
+
+  def test_unblocking_a_fiber_that_is_not_blocked_changes_nothing
+    order = []
+    evt do
+      sleeper = Fiber.schedule do
+        Fiber.scheduler.block(:test, 0.01)
+        order << :timed_out
+        Fiber.scheduler.io_wait(IO.pipe.first, IO::READABLE, 0.02)
+        order << :io_wait_done
+      end
+      Fiber.schedule do
+        sleep 0.015
+        Fiber.scheduler.unblock(:test, sleeper) # it waits on IO now, not in block
+        order << :unblocked
+      end
+    end
+    assert_equal %i[timed_out unblocked io_wait_done], order
+  end
+
+  def test_a_negative_block_timeout_raises_argument_error
+    evt { assert_raises(ArgumentError) { Fiber.scheduler.block(:test, -1) } }
+  end
+end

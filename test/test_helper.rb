@@ -1,0 +1,48 @@
+# frozen_string_literal: true
+
+require "minitest/autorun"
+require "evt"
+require "socket"
+require "timeout"
+require "tmpdir"
+
+# Helpers for the behaviour tests. Every test runs on the backend bin/test chose (EVT_BACKEND).
+module EvtTest
+  # The backend under test; nil when EVT_BACKEND is unset (the default choice).
+  BACKEND = ENV.fetch("EVT_BACKEND", "").then { |name| name.empty? ? nil : name.to_sym }
+
+  # Evt.run with a guard: a hang fails this test instead of stalling the whole run.
+  def evt(timeout: 30, &block)
+    Timeout.timeout(timeout) { Evt.run(&block) }
+  end
+
+  def monotonic
+    Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  end
+
+  def elapsed
+    started = monotonic
+    yield
+    monotonic - started
+  end
+
+  def open_descriptors
+    Dir.children("/proc/self/fd").size
+  end
+
+  def median(values)
+    values.sort[values.size / 2]
+  end
+
+  # The error Ruby raises for the same call without a scheduler.
+  def error_without_scheduler
+    yield
+    flunk "expected the call to raise without a scheduler"
+  rescue Minitest::Assertion
+    raise
+  rescue Exception => e # rubocop:disable Lint/RescueException
+    e
+  end
+end
+
+Minitest::Test.include(EvtTest)
