@@ -79,6 +79,7 @@ loop_mark(void *ptr)
 {
     struct evt_loop *loop = ptr;
     rb_gc_mark_movable(loop->loop_fiber);
+    rb_gc_mark_movable(loop->current);
     rb_gc_mark_movable(loop->thread);
     EACH_WAITER(&loop->ready, ready_link, w) rb_gc_mark(w->fiber);
     for (size_t i = 0; i < loop->timers.size; i++)
@@ -101,6 +102,7 @@ loop_compact(void *ptr)
 {
     struct evt_loop *loop = ptr;
     loop->loop_fiber = rb_gc_location(loop->loop_fiber);
+    loop->current = rb_gc_location(loop->current);
     loop->thread = rb_gc_location(loop->thread);
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
@@ -126,6 +128,7 @@ loop_free(void *ptr)
 {
     struct evt_loop *loop = ptr;
     loop_close_backend(loop);
+    EACH_WAITER(&loop->ready, ready_link, w) if (w->allocated) ruby_xfree(w);
     for (int fd = 0; fd < loop->registrations_size; fd++) ruby_xfree(loop->registrations[fd]);
     ruby_xfree(loop->registrations);
     evt_timers_free(&loop->timers);
@@ -162,6 +165,7 @@ loop_alloc(VALUE klass)
     struct evt_loop *loop;
     VALUE self = TypedData_Make_Struct(klass, struct evt_loop, &loop_type, loop);
     loop->loop_fiber = Qnil;
+    loop->current = Qnil;
     loop->thread = Qnil;
     evt_list_init(&loop->ready);
     evt_timers_init(&loop->timers);
@@ -203,7 +207,7 @@ loop_after_fork(struct evt_loop *loop)
     }
     loop->waiting = 0;
     loop->blocked = 0;
-    loop->loop_fiber = rb_fiber_current();
+    loop->loop_fiber = loop->current = rb_fiber_current();
     loop->thread = rb_thread_current();
     loop->forks = evt_forks;
 }
@@ -245,7 +249,7 @@ registration_get(struct evt_loop *loop, int fd, VALUE io)
         reg->io = Qnil;
         evt_list_init(&reg->waiters);
         reg->generation = 0;
-        reg->events = reg->interest = reg->trusted = reg->flags = 0;
+        reg->events = reg->interest = reg->trusted = reg->flags = reg->exhausted = 0;
         reg->index = -1;
         loop->registrations[fd] = reg;
     }
@@ -256,6 +260,7 @@ registration_get(struct evt_loop *loop, int fd, VALUE io)
         reg->generation = ++loop->generation;
         reg->trusted = 0;
         reg->flags = 0;
+        reg->exhausted = 0;
     }
     return reg;
 }
@@ -287,6 +292,7 @@ waiter_init(struct evt_waiter *w, VALUE fiber)
     w->result = EVT_SPURIOUS;
     w->state = EVT_IDLE;
     w->unblockable = 0;
+    w->allocated = 0;
 }
 
 /* Takes the waiter out of everything it waits on (not out of the ready queue). */
@@ -328,6 +334,7 @@ evt_loop_io_ready(struct evt_loop *loop, int fd, uint32_t generation, int events
     if (fd < 0 || fd >= loop->registrations_size) return;
     struct evt_registration *reg = loop->registrations[fd];
     if (!reg || reg->generation != generation) return; /* an older file that had this number */
+    reg->exhausted &= ~events;
     EACH_WAITER(&reg->waiters, io_link, w) {
         int ready = w->events & events;
         if (ready) waiter_wake(loop, w, ready);
@@ -335,6 +342,34 @@ evt_loop_io_ready(struct evt_loop *loop, int fd, uint32_t generation, int events
 }
 
 /* ---- running ---------------------------------------------------------------------------------- */
+
+/* Switches from the loop fiber to another; control comes back when that fiber waits or ends. */
+static inline void
+switch_to(struct evt_loop *loop, VALUE fiber)
+{
+    loop->current = fiber;
+    rb_fiber_transfer(fiber, 0, NULL);
+    loop->current = loop->loop_fiber;
+}
+
+/* A fiber left evt without the loop resuming it: some other fiber switched to it (Fiber#raise,
+ * Fiber#kill), and that fiber is itself suspended in no queue. When the unwound fiber waits again or
+ * ends, control goes to the loop fiber, so the one that switched must wait in the ready queue or it
+ * would never run again. Rare: the waiter for it is allocated. */
+static void
+ready_the_switcher(struct evt_loop *loop, VALUE unwound)
+{
+    VALUE switcher = loop->current;
+    loop->current = unwound;
+    if (switcher == unwound || switcher == loop->loop_fiber || NIL_P(switcher)) return;
+    if (st_lookup(loop->unblockable, (st_data_t)switcher, NULL)) return;
+    if (!RTEST(rb_fiber_alive_p(switcher))) return;
+    struct evt_waiter *w = ALLOC(struct evt_waiter);
+    waiter_init(w, switcher);
+    w->allocated = 1;
+    loop->waiting++;
+    waiter_ready(loop, w);
+}
 
 /* Resumes the fibers that were ready when it started. Returns 1 if `until` (the loop fiber's own
  * waiter, when the loop fiber itself waits) came up: the loop fiber then just carries on. */
@@ -348,7 +383,12 @@ loop_resume_ready(struct evt_loop *loop, struct evt_waiter *until)
         loop->ready_count--;
         w->state = EVT_IDLE;
         if (w == until) return 1;
-        rb_fiber_transfer(w->fiber, 0, NULL);
+        VALUE fiber = w->fiber;
+        if (w->allocated) {
+            ruby_xfree(w);
+            loop->waiting--;
+        }
+        switch_to(loop, fiber);
     }
     return 0;
 }
@@ -483,7 +523,10 @@ wait_body(VALUE ptr)
         break;
     }
 
-    if (wait->kind == EVT_WAIT_START) rb_fiber_transfer(wait->target, 0, NULL);
+    if (wait->kind == EVT_WAIT_START) {
+        loop->current = wait->target;
+        rb_fiber_transfer(wait->target, 0, NULL);
+    }
     else if (w->fiber == loop->loop_fiber) loop_run(loop, w); /* the loop fiber waits by running the loop */
     else rb_fiber_transfer(loop->loop_fiber, 0, NULL);
     return Qnil;
@@ -496,10 +539,13 @@ wait_ensure(VALUE ptr)
     struct evt_loop *loop = wait->loop;
     struct evt_waiter *w = wait->waiter;
     if (wait->forks != loop->forks) return Qnil; /* resumed in a child: the loop no longer knows it */
-    if (w->state == EVT_READY) {
-        /* Resumed by something other than the loop (Fiber#raise, a fiber it started ending). */
-        evt_list_remove(&w->ready_link);
-        loop->ready_count--;
+    if (w->state != EVT_IDLE) {
+        /* Resumed by something other than the loop: Fiber#raise or Fiber#kill from another fiber. */
+        if (w->state == EVT_READY) {
+            evt_list_remove(&w->ready_link);
+            loop->ready_count--;
+        }
+        if (w->fiber != loop->loop_fiber) ready_the_switcher(loop, w->fiber);
     }
     waiter_detach(loop, w);
     w->state = EVT_IDLE;
@@ -551,10 +597,11 @@ poll_now(int fd, int events)
 
 /* ---- hooks -------------------------------------------------------------------------------------- */
 
-/* Learns once per IO whether its descriptor would block a read or write (blocking mode and not a
- * regular file): those are polled before each transfer instead of tried blindly. */
-static int
-descriptor_blocks(struct evt_loop *loop, VALUE io, int fd)
+/* The registration for a transfer on io. Learns once per IO whether its descriptor would block a
+ * read or write (blocking mode and not a regular file): those are polled before each transfer
+ * instead of tried blindly. */
+static struct evt_registration *
+transfer_registration(struct evt_loop *loop, VALUE io, int fd)
 {
     struct evt_registration *reg = registration_get(loop, fd, io);
     if (!(reg->flags & EVT_REG_CHECKED)) {
@@ -567,7 +614,7 @@ descriptor_blocks(struct evt_loop *loop, VALUE io, int fd)
             if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) reg->flags |= EVT_REG_BLOCKING;
         }
     }
-    return reg->flags & EVT_REG_BLOCKING;
+    return reg;
 }
 
 /* Waits for the IO as a read or write would, under the IO's own #timeout. */
@@ -578,18 +625,12 @@ wait_for_transfer(struct evt_loop *loop, VALUE io, int fd, int events)
         rb_raise(rb_eIOTimeoutError, "Blocking operation timed out!");
 }
 
-/* For a descriptor in blocking mode, waits until the transfer will not block the thread. */
-static inline void
-wait_unless_ready(struct evt_loop *loop, VALUE io, int fd, int events)
-{
-    if (!poll_now(fd, events)) wait_for_transfer(loop, io, fd, events);
-}
 
 /*
  * io_wait(io, events, timeout) -> Integer or false
  *
- * The events of +events+ that are ready, waiting up to +timeout+ seconds (nil: no limit); false when
- * the time is up first.
+ * The events of +events+ that are ready, waiting up to +timeout+ seconds (nil: the IO's own
+ * #timeout, as Ruby does without a scheduler); false when the time is up first.
  */
 static VALUE
 loop_io_wait(VALUE self, VALUE io, VALUE events_value, VALUE timeout_value)
@@ -597,96 +638,96 @@ loop_io_wait(VALUE self, VALUE io, VALUE events_value, VALUE timeout_value)
     struct evt_loop *loop = loop_get(self);
     int fd = rb_io_descriptor(io);
     int events = NUM2INT(events_value) & EVT_EVENTS;
+    if (NIL_P(timeout_value) && RB_TYPE_P(io, T_FILE)) timeout_value = rb_io_timeout(io);
     int64_t timeout = timeout_ns(timeout_value);
-    int ready = poll_now(fd, events);
-    if (ready) return INT2FIX(ready);
+    /* After io_read or io_write met EAGAIN, Ruby calls here at once: those events are known not to
+     * be ready, and the next readiness will come as an event. Otherwise look first. */
+    struct evt_registration *reg = registration_get(loop, fd, io);
+    if (events & ~reg->exhausted) {
+        int ready = poll_now(fd, events);
+        if (ready) return INT2FIX(ready);
+    }
     if (timeout == 0 || events == 0) return Qfalse;
     int result = loop_wait_io(loop, io, fd, events, timeout);
     return result > 0 ? INT2FIX(result) : Qfalse;
 }
 
-static void
-check_buffer_offset(size_t offset, size_t size)
+/* Transfers with read(2) or write(2) until at least `length` bytes (0: one successful transfer),
+ * end of file or an error. When nothing could be transferred and `length` is 0, returns -EAGAIN
+ * rather than waiting: Ruby's blocking reads and writes then call io_wait and try again, while
+ * read_nonblock and write_nonblock (which come here too) must not wait. */
+static VALUE
+io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset_value, int events)
 {
-    if (offset > size)
-        rb_raise(rb_eArgError, "offset %" PRIuSIZE " is past the end of the buffer (%" PRIuSIZE " bytes)", offset, size);
+    struct evt_loop *loop = loop_get(self);
+    int fd = rb_io_descriptor(io);
+    size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
+    struct evt_registration *reg = transfer_registration(loop, io, fd);
+    for (;;) {
+        ssize_t n;
+        if ((reg->flags & EVT_REG_BLOCKING) && !poll_now(fd, events)) {
+            n = -1;
+            errno = EAGAIN; /* would block the thread */
+        }
+        else {
+            void *base;
+            size_t size;
+            /* Fetched before every try: another fiber may have resized the buffer meanwhile. */
+            if (events == EVT_READABLE) rb_io_buffer_get_bytes_for_writing(buffer, &base, &size);
+            else rb_io_buffer_get_bytes_for_reading(buffer, (const void **)&base, &size);
+            if (offset > size)
+                rb_raise(rb_eArgError, "offset %" PRIuSIZE " is past the end of the buffer (%" PRIuSIZE " bytes)",
+                         offset, size);
+            n = events == EVT_READABLE ? read(fd, (char *)base + offset, size - offset)
+                                       : write(fd, (const char *)base + offset, size - offset);
+        }
+        if (n > 0) {
+            total += n;
+            offset += n;
+            if (total >= length) break;
+            continue;
+        }
+        if (n == 0) break; /* end of file, or a full buffer */
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            reg->exhausted |= events;
+            if (total >= length) {
+                if (total) break;
+                return INT2FIX(-EAGAIN);
+            }
+            wait_for_transfer(loop, io, fd, events);
+            continue;
+        }
+        if (total) break; /* the error shows on the next call */
+        return INT2FIX(-errno);
+    }
+    return SIZET2NUM(total);
 }
 
 /*
  * io_read(io, buffer, length, offset) -> Integer
  *
- * Reads into +buffer+ from +offset+ until at least +length+ bytes (0: whatever one read gives),
- * end of file or an error. Returns the bytes read, or -errno.
+ * Reads into +buffer+ from +offset+: at least +length+ bytes, end of file or an error (+length+ 0:
+ * whatever one read gives). Returns the bytes read, or -errno (-EAGAIN when nothing was ready and
+ * +length+ is 0).
  */
 static VALUE
-loop_io_read(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset_value)
+loop_io_read(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE offset)
 {
-    struct evt_loop *loop = loop_get(self);
-    int fd = rb_io_descriptor(io);
-    size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
-    int blocks = descriptor_blocks(loop, io, fd);
-    for (;;) {
-        if (blocks) wait_unless_ready(loop, io, fd, EVT_READABLE);
-        void *base;
-        size_t size;
-        /* Fetched again after every wait: another fiber may have resized the buffer meanwhile. */
-        rb_io_buffer_get_bytes_for_writing(buffer, &base, &size);
-        check_buffer_offset(offset, size);
-        ssize_t n = read(fd, (char *)base + offset, size - offset);
-        if (n > 0) {
-            total += n;
-            offset += n;
-            if (total >= length || offset == size) break;
-            continue;
-        }
-        if (n == 0) break;
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            wait_for_transfer(loop, io, fd, EVT_READABLE);
-            continue;
-        }
-        if (total) break; /* the error will show on the next call */
-        return INT2FIX(-errno);
-    }
-    return SIZET2NUM(total);
+    return io_transfer(self, io, buffer, length, offset, EVT_READABLE);
 }
 
 /*
  * io_write(io, buffer, length, offset) -> Integer
  *
- * Writes from +buffer+ at +offset+ until at least +length+ bytes (0: whatever one write takes) or an
- * error. Returns the bytes written, or -errno.
+ * Writes from +buffer+ at +offset+: at least +length+ bytes or an error (+length+ 0: whatever one
+ * write takes). Returns the bytes written, or -errno (-EAGAIN when nothing could be written and
+ * +length+ is 0).
  */
 static VALUE
-loop_io_write(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset_value)
+loop_io_write(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE offset)
 {
-    struct evt_loop *loop = loop_get(self);
-    int fd = rb_io_descriptor(io);
-    size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
-    int blocks = descriptor_blocks(loop, io, fd);
-    for (;;) {
-        if (blocks) wait_unless_ready(loop, io, fd, EVT_WRITABLE);
-        const void *base;
-        size_t size;
-        rb_io_buffer_get_bytes_for_reading(buffer, &base, &size);
-        check_buffer_offset(offset, size);
-        ssize_t n = write(fd, (const char *)base + offset, size - offset);
-        if (n > 0) {
-            total += n;
-            offset += n;
-            if (total >= length || offset == size) break;
-            continue;
-        }
-        if (n == 0) break;
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            wait_for_transfer(loop, io, fd, EVT_WRITABLE);
-            continue;
-        }
-        if (total) break;
-        return INT2FIX(-errno);
-    }
-    return SIZET2NUM(total);
+    return io_transfer(self, io, buffer, length, offset, EVT_WRITABLE);
 }
 
 /* Blocks the current fiber until unblock or the timeout: 1 if unblocked, 0 if the time ran out. */
@@ -774,7 +815,7 @@ loop_start(VALUE self, VALUE fiber)
     VALUE current = rb_fiber_current();
     if (current == loop->loop_fiber || fiber_blocking_p(current)) {
         loop->loop_fiber = current;
-        rb_fiber_transfer(fiber, 0, NULL);
+        switch_to(loop, fiber);
     }
     else {
         struct evt_waiter w;
@@ -920,7 +961,7 @@ loop_initialize(VALUE self, VALUE name)
     int err = backend->probe();
     if (err < 0) rb_raise(rb_eArgError, "evt: the %s backend cannot run here: %s", backend->name, strerror(-err));
     loop->backend = backend;
-    loop->loop_fiber = rb_fiber_current();
+    loop->loop_fiber = loop->current = rb_fiber_current();
     loop->thread = rb_thread_current();
     loop_open(loop);
     return self;

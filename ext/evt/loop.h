@@ -32,6 +32,7 @@ struct evt_waiter {
     int result;                  /* events that arrived; for block/sleep 1 = unblocked; 0 = timed out */
     unsigned char state;
     unsigned char unblockable;   /* in loop->unblockable: block and kernel_sleep */
+    unsigned char allocated;     /* on the heap, not a stack: the loop frees it when it resumes it */
 };
 
 /* What the loop knows about one descriptor number, reused from one IO on it to the next. */
@@ -41,6 +42,7 @@ struct evt_registration {
     uint32_t generation;      /* changes with io, so the kernel's events for an older file are ignored */
     int events;               /* union of the waiters' events */
     int flags;                /* EVT_REG_*: what the core learnt about the descriptor */
+    int exhausted;            /* events a transfer found not ready (EAGAIN) since the last event came */
     int interest;             /* backend: events the kernel was last asked for */
     int trusted;              /* backend: the kernel registration belongs to io and generation */
     int index;                /* backend: slot of its own (poll) */
@@ -50,6 +52,7 @@ struct evt_loop {
     const struct evt_backend *backend;
     void *backend_data;       /* NULL while closed */
     VALUE loop_fiber;
+    VALUE current;            /* the fiber the loop last switched to (loop_fiber when it has control) */
     VALUE thread;
     struct evt_list ready;
     size_t ready_count;

@@ -95,6 +95,20 @@ module Evt
       start(fiber)
     end
 
+    if RUBY_VERSION < "3.4"
+      # Ruby 3.3 turns a false from io_wait into EAGAIN when a read or write waited under the IO's
+      # own #timeout (3.4 raises IO::TimeoutError itself). Raise it here, as Ruby does without a
+      # scheduler; the cost: IO#wait_readable with no argument raises too instead of giving nil.
+      def io_wait(io, events, timeout)
+        result = super
+        if result == false && timeout.nil? && io.is_a?(IO) && io.timeout
+          raise IO::TimeoutError, "Blocking operation timed out!"
+        end
+
+        result
+      end
+    end
+
     # Runs every fiber to completion and releases the kernel objects. As the thread's scheduler, it
     # is unset first (Ruby then calls {#scheduler_close}).
     def close
