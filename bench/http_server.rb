@@ -7,6 +7,7 @@
 #
 # Prints "listening on PORT" once it accepts connections on 127.0.0.1 (a port the kernel chose).
 require "socket"
+require_relative "subject"
 
 RESPONSE = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n\r\nHello World\n"
 CLOSE_RESPONSE = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n" \
@@ -31,25 +32,22 @@ ensure
   client.close
 end
 
-subject = ARGV.fetch(0) { abort "usage: http_server.rb SUBJECT (evt-<backend>, blocking, threads)" }
+subject = ARGV.fetch(0) { abort "usage: http_server.rb SUBJECT (evt-<backend>, async-<selector>, blocking, threads)" }
 server = TCPServer.new("127.0.0.1", 0)
 server.listen(1024)
 $stdout.puts "listening on #{server.local_address.ip_port}"
 $stdout.flush
 
 case subject
-when /\Aevt-(\w+)\z/
-  require "evt"
-  Evt.run(backend: Regexp.last_match(1)) do
-    loop do
-      client = server.accept
-      Fiber.schedule { serve(client) }
-    end
-  end
 when "blocking"
   loop { serve(server.accept) }
 when "threads"
   loop { Thread.new(server.accept) { |client| serve(client) } }
 else
-  abort "unknown subject #{subject}"
+  Bench::Subject.run(subject) do
+    loop do
+      client = server.accept
+      Fiber.schedule { serve(client) }
+    end
+  end
 end

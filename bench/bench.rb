@@ -1,0 +1,387 @@
+# frozen_string_literal: true
+
+# bin/bench's driver: every scenario against every subject, each subject a fresh process, figures
+# comparable within one run. See bin/bench --help.
+require "etc"
+require "json"
+require "open3"
+require "optparse"
+require "rbconfig"
+require "timeout"
+require_relative "chart"
+
+module Bench
+  ROOT = File.expand_path("..", __dir__)
+  SCENARIOS = %w[http-keepalive http-close pipe-pingpong timers idle-connections].freeze
+  PEERS = %w[blocking threads async-epoll async-uring].freeze
+  HZ = Etc.sysconf(Etc::SC_CLK_TCK)
+
+  # Sizes: the full run, and --quick (the whole suite in under a minute).
+  SIZES = {
+    full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000},
+    quick: {duration: 1, warmup: 1, strace: 1, pairs: 10, messages: 2_000, fibers: 10_000, idle: 1_000},
+  }.freeze
+
+  class Failure < StandardError; end
+
+  # One benchmark run: options in, tables on stdout, JSON and SVG out.
+  class Run
+    def initialize(argv)
+      @options = {quick: false, json: File.join(ROOT, "bench/results/latest.json"),
+                  svg: File.join(ROOT, "bench/results/latest.svg"), only: SCENARIOS, subjects: nil, duration: nil}
+      parse(argv)
+      @size = SIZES.fetch(@options[:quick] ? :quick : :full).dup
+      @size[:duration] = @options[:duration] if @options[:duration]
+      @cores = Etc.nprocessors
+      @results = []
+      @started = clock
+    end
+
+    def call
+      subjects = available_subjects
+      note "evt bench: Ruby #{RUBY_VERSION}, #{@cores} cores, #{@options[:quick] ? "quick" : "full"} run"
+      note "server pinned to CPU 0 and load to CPU 1" if @cores >= 2
+      @options[:only].each do |scenario|
+        note ""
+        note "== #{scenario}"
+        subjects.each do |subject, unavailable|
+          @results << measure(scenario, subject, unavailable)
+        end
+        add_ratios(scenario)
+        print_table(scenario)
+      end
+      write_outputs
+      note format("\ndone in %.0f s: %s, %s", clock - @started, relative(@options[:json]), relative(@options[:svg]))
+    end
+
+    private
+
+    def parse(argv)
+      OptionParser.new do |o|
+        o.banner = "usage: bin/bench [options]"
+        o.on("--quick", "the whole suite in under a minute, smaller sizes") { @options[:quick] = true }
+        o.on("--json FILE", "write the results here (bench/results/latest.json)") { |f| @options[:json] = File.expand_path(f) }
+        o.on("--svg FILE", "write the chart here (bench/results/latest.svg)") { |f| @options[:svg] = File.expand_path(f) }
+        o.on("--only SCENARIO[,..]", Array, "scenarios: #{SCENARIOS.join(", ")}") do |list|
+          unknown = list - SCENARIOS
+          raise OptionParser::InvalidArgument, "unknown scenario #{unknown.join(", ")}" unless unknown.empty?
+
+          @options[:only] = list
+        end
+        o.on("--subjects NAME[,..]", Array, "subjects to run (default: all)") { |list| @options[:subjects] = list }
+        o.on("--duration S", Integer, "whole seconds each HTTP measurement lasts") do |s|
+          raise OptionParser::InvalidArgument, "duration must be positive" unless s.positive?
+
+          @options[:duration] = s
+        end
+      end.parse!(argv)
+    end
+
+    # [[name, nil or why it cannot run]], in table order.
+    def available_subjects
+      subjects = [["c-epoll", c_server_problem], ["blocking", nil], ["threads", nil]]
+      subjects += evt_backends.map { |name| ["evt-#{name}", nil] }
+      async = async_problems
+      subjects += %w[async-epoll async-uring].map { |name| [name, async[name]] }
+      if @options[:subjects]
+        unknown = @options[:subjects] - subjects.map(&:first)
+        abort "bin/bench: unknown subject #{unknown.join(", ")}; subjects: #{subjects.map(&:first).join(", ")}" if unknown.any?
+        subjects.select! { |name, _| @options[:subjects].include?(name) }
+      end
+      subjects
+    end
+
+    def evt_backends
+      out, status = Open3.capture2(*ruby, "-e", 'require "evt"; puts Evt::Scheduler.availables')
+      abort "bin/bench: evt does not load" unless status.success?
+      out.split
+    end
+
+    def c_server_problem
+      @c_server = File.join(ROOT, "tmp/bench/c_epoll_server")
+      source = File.join(ROOT, "bench/reference/c_epoll_server.c")
+      Dir.mkdir(File.dirname(@c_server)) unless Dir.exist?(File.dirname(@c_server))
+      return nil if File.exist?(@c_server) && File.mtime(@c_server) >= File.mtime(source)
+
+      out, status = Open3.capture2e("cc", "-O2", "-Wall", "-o", @c_server, source)
+      status.success? ? nil : "does not build: #{out.lines.first&.strip}"
+    end
+
+    def async_problems
+      check = 'require "async"; require "io/event"; puts IO::Event::Selector.constants.grep(/EPoll|URing/)'
+      out, err, status = Open3.capture3(bench_env, *ruby, "-rbundler/setup", "-e", check)
+      unless status.success?
+        reason = "async is not installed (#{err.lines.grep(/Error|error/).first&.strip || "bundle install --with bench"})"
+        return {"async-epoll" => reason, "async-uring" => reason}
+      end
+      selectors = out.split
+      {"async-epoll" => selectors.include?("EPoll") ? nil : "io-event has no EPoll selector here",
+       "async-uring" => selectors.include?("URing") ? nil : "io-event was built without liburing"}
+    end
+
+    def measure(scenario, subject, unavailable)
+      row = {scenario: scenario, subject: subject}
+      return row.merge(skipped: unavailable) if unavailable
+
+      reason = not_applicable(scenario, subject)
+      return row.merge(skipped: reason) if reason
+
+      progress(subject) do
+        figures = case scenario
+                  when "http-keepalive" then http(subject, keepalive: true)
+                  when "http-close" then http(subject, keepalive: false)
+                  when "pipe-pingpong" then script("pipe_pingpong.rb", subject, @size[:pairs], @size[:messages])
+                  when "timers" then timers(subject)
+                  when "idle-connections" then idle(subject)
+                  end
+        row.merge(figures)
+      end
+    rescue Failure, Timeout::Error, SystemCallError => e
+      row.merge(error: e.message.lines.first.strip)
+    end
+
+    def not_applicable(scenario, subject)
+      return nil if scenario.start_with?("http-")
+      return "an HTTP server only" if subject == "c-epoll"
+      return "one thread cannot hold #{@size[:idle]} waiting connections" if scenario == "idle-connections" && subject == "blocking"
+      return "#{@size[:fibers]} sleepers need fibers or as many threads" if scenario == "timers" && %w[blocking threads].include?(subject)
+
+      nil
+    end
+
+    # ---- HTTP ----------------------------------------------------------------------------------
+
+    def http(subject, keepalive:)
+      # One connection at a time cannot keep 100 keep-alive connections: the rest would starve.
+      connections = subject == "blocking" && keepalive ? 1 : 100
+      server = start_server(subject == "c-epoll" ? [@c_server] : [*ruby, "bench/http_server.rb", subject])
+      begin
+        url = "http://127.0.0.1:#{server[:port]}/"
+        headers = keepalive ? [] : ["-H", "Connection: close"]
+        wrk(url, connections, @size[:warmup], headers)
+        before = cpu_seconds(server[:pid])
+        report = wrk(url, connections, @size[:duration], headers)
+        used = cpu_seconds(server[:pid]) - before
+        figures = {rps: report[:rps].round(0), cpu_us_per_req: (used * 1e6 / report[:requests]).round(2),
+                   p99_ms: report[:p99_ms], errors: report[:errors], connections: connections}
+        figures[:syscalls_per_req] = syscalls_per_request(server[:pid], url, connections, headers)
+        figures
+      ensure
+        stop(server)
+      end
+    end
+
+    # A server in a process group of its own, pinned to CPU 0; it prints "listening on PORT".
+    def start_server(command)
+      stdout = IO.popen(bench_env, [*pin(0), *command], chdir: ROOT, err: File::NULL, pgroup: true)
+      server = {pid: stdout.pid, stdout: stdout}
+      line = Timeout.timeout(30) { stdout.gets }
+      server[:port] = line && line[/listening on (\d+)/, 1] or raise Failure, "the server did not start"
+      server
+    rescue StandardError
+      stop(server)
+      raise
+    end
+
+    def stop(server)
+      return unless server
+
+      begin
+        Process.kill(:KILL, -server[:pid])
+      rescue Errno::ESRCH
+        nil
+      end
+      server[:stdout].close
+    end
+
+    def wrk(url, connections, seconds, headers)
+      out, status = Open3.capture2e(*pin(1), "wrk", "-t1", "-c#{connections}", "-d#{seconds}s", "--latency",
+                                    "--timeout", "5s", *headers, url)
+      raise Failure, "wrk failed: #{out.lines.last}" unless status.success?
+
+      requests = out[/(\d+) requests in/, 1].to_i
+      raise Failure, "no request completed" if requests.zero?
+
+      errors = out[/Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)/] ? Regexp.last_match.captures.sum(&:to_i) : 0
+      errors += out[/Non-2xx or 3xx responses: (\d+)/, 1].to_i
+      p99 = out[/^\s+99%\s+([\d.]+)(us|ms|s)\b/] && Regexp.last_match(1).to_f * {"us" => 0.001, "ms" => 1, "s" => 1000}.fetch(Regexp.last_match(2))
+      {requests: requests, rps: out[%r{Requests/sec:\s+([\d.]+)}, 1].to_f, p99_ms: p99&.round(2), errors: errors}
+    end
+
+    # Calls per request, from strace -c attached to every thread of the warm server for a short
+    # separate load: it slows the server down, so no other figure comes from this run.
+    def syscalls_per_request(pid, url, connections, headers)
+      tasks = Dir.children("/proc/#{pid}/task").flat_map { |tid| ["-p", tid] }
+      log = File.join(ROOT, "tmp/bench/strace.#{pid}")
+      strace = Process.spawn("strace", "-c", "-f", "-qq", "-o", log, *tasks, err: File::NULL)
+      sleep 0.3 # attached
+      report = wrk(url, connections, @size[:strace], headers)
+      Process.kill(:INT, strace)
+      Process.wait(strace)
+      total = File.readlines(log).grep(/\btotal$/).first
+      File.delete(log)
+      total ? (total.split[3].to_f / report[:requests]).round(2) : nil
+    rescue Failure, SystemCallError
+      nil
+    end
+
+    # ---- the other scenarios -----------------------------------------------------------------
+
+    def script(name, subject, *arguments)
+      out, err, status = Timeout.timeout(600) do
+        Open3.capture3(bench_env, *pin(0), *ruby, "-rbundler/setup", "bench/#{name}", subject, *arguments.map(&:to_s), chdir: ROOT)
+      end
+      raise Failure, (err.lines.last || "exited with #{status.exitstatus}").strip unless status.success?
+
+      JSON.parse(out.lines.last, symbolize_names: true)
+    end
+
+    def timers(subject)
+      fibers = @size[:fibers]
+      ensure_map_count(fibers)
+      script("timers.rb", subject, fibers).merge(fibers: fibers)
+    end
+
+    # Every fiber stack is a mapping (and its guard page another): 100,000 sleeping fibers need
+    # more than the default vm.max_map_count of 65,530.
+    def ensure_map_count(fibers)
+      needed = fibers * 3 + 65_530
+      current = Integer(File.read("/proc/sys/vm/max_map_count"))
+      return if current >= needed
+
+      if system("sysctl", "-q", "-w", "vm.max_map_count=#{needed}", out: File::NULL, err: File::NULL)
+        note "  raised vm.max_map_count from #{current} to #{needed} for #{fibers} fibers (sysctl)"
+      else
+        note "  vm.max_map_count is #{current}: #{fibers} fibers may hit FiberError (raise it with sysctl as root)"
+      end
+    end
+
+    def idle(subject)
+      count = @size[:idle]
+      server = start_server([*ruby, "-rbundler/setup", "bench/idle_server.rb", subject, count.to_s])
+      client = IO.popen([*ruby, "bench/idle_client.rb", server[:port].to_s, count.to_s], "r+", chdir: ROOT, err: File::NULL)
+      begin
+        line = Timeout.timeout(120) { server[:stdout].gets }
+        raise Failure, "the server did not report" unless line&.start_with?("{")
+
+        JSON.parse(line, symbolize_names: true)
+      ensure
+        client.close_write
+        client.close
+        stop(server)
+      end
+    end
+
+    # ---- figures -------------------------------------------------------------------------------
+
+    # What each scenario is judged by: lower is better for all of them.
+    def metric(scenario)
+      {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "pipe-pingpong" => :seconds,
+       "timers" => :seconds, "idle-connections" => :rss_mb}.fetch(scenario)
+    end
+
+    def add_ratios(scenario)
+      key = metric(scenario)
+      rows = @results.select { |r| r[:scenario] == scenario && r[key] }
+      c = rows.find { |r| r[:subject] == "c-epoll" }
+      best_peer = rows.select { |r| PEERS.include?(r[:subject]) }.min_by { |r| r[key] }
+      rows.each do |row|
+        row[:vs_c] = (row[key] / c[key]).round(2) if c && row != c
+        row[:vs_best_peer] = (row[key] / best_peer[key]).round(2) if best_peer
+        row[:best_peer] = best_peer[:subject] if best_peer
+      end
+    end
+
+    def print_table(scenario)
+      rows = @results.select { |r| r[:scenario] == scenario }
+      columns = if scenario.start_with?("http-")
+                  [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
+                   [:errors, "errors", "%d"], [:syscalls_per_req, "syscalls/req", "%.2f"], [:vs_c, "x C", "%.2f"]]
+                elsif scenario == "idle-connections"
+                  [[:rss_mb, "RSS MB", "%.1f"]]
+                else
+                  [[:seconds, "seconds", "%.3f"], [:cpu_seconds, "CPU s", "%.3f"]] +
+                    (scenario == "timers" ? [[:rss_mb, "peak RSS MB", "%.1f"]] : [])
+                end
+      columns << [:vs_best_peer, "x best peer", "%.2f"]
+      puts
+      puts "#{scenario} (#{description(scenario)}; lower #{metric(scenario)} is better)"
+      puts format("%-13s", "subject") + columns.map { |_, title, _| format(" %13s", title) }.join
+      rows.each do |row|
+        line = format("%-13s", row[:subject])
+        line += if row[:skipped] then "  n/a: #{row[:skipped]}"
+                elsif row[:error] then "  FAILED: #{row[:error]}"
+                else columns.map { |key, _, fmt| format(" %13s", row[key].nil? ? "-" : format(fmt, row[key])) }.join
+                end
+        puts line
+      end
+      best = rows.find { |r| r[:best_peer] }
+      puts "best peer: #{best[:best_peer]}" if best
+      $stdout.flush
+    end
+
+    def description(scenario)
+      case scenario
+      when "http-keepalive" then "wrk -t1 -c100 -d#{@size[:duration]}s, keep-alive; blocking with -c1"
+      when "http-close" then "wrk -t1 -c100 -d#{@size[:duration]}s, Connection: close"
+      when "pipe-pingpong" then "#{@size[:pairs]} pipe pairs x #{@size[:messages]} x 1 KiB"
+      when "timers" then "#{@size[:fibers]} fibers sleeping 0-100 ms"
+      when "idle-connections" then "#{@size[:idle]} idle connections, a reader waiting on each"
+      end
+    end
+
+    def write_outputs
+      document = {ruby: RUBY_VERSION, cores: @cores, date: Time.now.utc.strftime("%Y-%m-%d"),
+                  run: @options[:quick] ? "quick" : "full", http_duration_s: @size[:duration],
+                  results: @results}
+      [@options[:json], @options[:svg]].each { |f| Dir.mkdir(File.dirname(f)) unless Dir.exist?(File.dirname(f)) }
+      File.write(@options[:json], "#{JSON.pretty_generate(document)}\n")
+      File.write(@options[:svg], Chart.new(document).to_svg)
+    end
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def ruby
+      [RbConfig.ruby, "-I#{ROOT}/lib"]
+    end
+
+    # async's gems live in the optional :bench group of the Gemfile.
+    def bench_env
+      {"BUNDLE_WITH" => "bench", "BUNDLE_GEMFILE" => File.join(ROOT, "Gemfile")}
+    end
+
+    def pin(cpu)
+      @cores >= 2 ? ["taskset", "-c", cpu.to_s] : []
+    end
+
+    def cpu_seconds(pid)
+      fields = File.read("/proc/#{pid}/stat").split(") ").last.split
+      (Integer(fields[11]) + Integer(fields[12])).fdiv(HZ)
+    end
+
+    def progress(subject)
+      started = clock
+      $stderr.print format("  %-13s running...", subject)
+      result = yield
+      $stderr.print format("\r  %-13s %5.1f s%s\n", subject, clock - started, result[:error] ? " (failed)" : "")
+      result
+    rescue StandardError
+      $stderr.print format("\r  %-13s %5.1f s (failed)\n", subject, clock - started)
+      raise
+    end
+
+    def note(message)
+      $stderr.puts message
+    end
+
+    def clock
+      Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    end
+
+    def relative(path)
+      path.delete_prefix("#{ROOT}/")
+    end
+  end
+end
+
+Bench::Run.new(ARGV).call if $PROGRAM_NAME == __FILE__

@@ -1,0 +1,66 @@
+# frozen_string_literal: true
+
+module Bench
+  # bin/bench's chart: one panel per scenario, a bar per subject (the figure the scenario is judged
+  # by, lower is better), labelled with the value and its ratio to the best peer (and to C).
+  class Chart
+    METRICS = {"http-keepalive" => [:cpu_us_per_req, "server CPU µs per request"],
+               "http-close" => [:cpu_us_per_req, "server CPU µs per request"],
+               "pipe-pingpong" => [:seconds, "seconds"], "timers" => [:seconds, "seconds"],
+               "idle-connections" => [:rss_mb, "RSS MB"]}.freeze
+    WIDTH = 960
+    LABEL = 120
+    BAR = 520
+    ROW = 20
+
+    def initialize(document)
+      @document = document
+    end
+
+    def to_svg
+      y = 40
+      body = [text(16, 24, "evt bin/bench — Ruby #{@document[:ruby]}, #{@document[:cores]} cores, " \
+                           "#{@document[:date]} (#{@document[:run]} run); lower is better", size: 15, weight: "bold")]
+      @document[:results].group_by { |r| r[:scenario] }.each do |scenario, rows|
+        key, unit = METRICS.fetch(scenario)
+        body << text(16, y + 14, "#{scenario}: #{unit}", size: 13, weight: "bold")
+        y += 22
+        max = rows.filter_map { |r| r[key] }.max.to_f
+        rows.each do |row|
+          body << text(16, y + 14, row[:subject])
+          if row[key]
+            width = max.positive? ? (row[key] / max * BAR).clamp(1, BAR) : 1
+            color = row[:subject].start_with?("evt-") ? "#2f6fb3" : (row[:subject] == "c-epoll" ? "#777" : "#d08a2e")
+            body << %(<rect x="#{LABEL}" y="#{y + 3}" width="#{width.round(1)}" height="#{ROW - 6}" fill="#{color}"/>)
+            body << text(LABEL + width + 6, y + 14, label(row, key))
+          else
+            body << text(LABEL, y + 14, row[:skipped] ? "n/a: #{row[:skipped]}" : "failed: #{row[:error]}", fill: "#999")
+          end
+          y += ROW
+        end
+        y += 14
+      end
+      <<~SVG
+        <svg xmlns="http://www.w3.org/2000/svg" width="#{WIDTH}" height="#{y + 10}" viewBox="0 0 #{WIDTH} #{y + 10}" font-family="sans-serif">
+        <rect width="100%" height="100%" fill="white"/>
+        #{body.join("\n")}
+        </svg>
+      SVG
+    end
+
+    private
+
+    def label(row, key)
+      parts = [format(row[key] < 10 ? "%.2f" : "%.1f", row[key])]
+      parts << format("%.2f× best peer", row[:vs_best_peer]) if row[:vs_best_peer] && row[:subject] != row[:best_peer]
+      parts << "best peer" if row[:subject] == row[:best_peer]
+      parts << format("%.2f× C", row[:vs_c]) if row[:vs_c]
+      parts.join("  ")
+    end
+
+    def text(x, y, content, size: 12, weight: "normal", fill: "#222")
+      escaped = content.to_s.gsub("&", "&amp;").gsub("<", "&lt;").gsub(">", "&gt;")
+      %(<text x="#{x.round(1)}" y="#{y}" font-size="#{size}" font-weight="#{weight}" fill="#{fill}">#{escaped}</text>)
+    end
+  end
+end

@@ -1,0 +1,39 @@
+# frozen_string_literal: true
+
+# What a bin/bench subject means inside a scenario process. Every Ruby scenario is written once,
+# with Fiber.schedule, and runs under the subject's scheduler:
+#
+#   evt-<backend>   Evt.run(backend: <backend>)
+#   async-epoll     the async gem on io-event's EPoll selector
+#   async-uring     the async gem on io-event's URing selector
+#
+# `blocking` and `threads` have no scheduler; scenarios handle them in their own way.
+module Bench
+  module Subject
+    module_function
+
+    def fibers?(subject)
+      subject.start_with?("evt-", "async-")
+    end
+
+    # Runs the block on the subject's scheduler until every fiber it scheduled has finished.
+    def run(subject, &block)
+      case subject
+      when /\Aevt-(\w+)\z/
+        require "evt"
+        Evt.run(backend: Regexp.last_match(1), &block)
+      when /\Aasync-(epoll|uring)\z/
+        ENV["IO_EVENT_SELECTOR"] = Regexp.last_match(1) == "epoll" ? "EPoll" : "URing"
+        require "async"
+        Async(&block).wait
+      else
+        raise ArgumentError, "#{subject} has no scheduler"
+      end
+    end
+
+    # Peak and current resident set size of this process, in MB.
+    def rss_mb(field = "VmRSS")
+      File.read("/proc/self/status")[/^#{field}:\s+(\d+) kB/, 1].to_i / 1024.0
+    end
+  end
+end
