@@ -139,4 +139,63 @@ class FiberTest < Minitest::Test
     assert cleaned
     assert after
   end
+
+  def test_schedule_from_a_blocking_block_inside_a_fiber
+    out = []
+    evt do
+      Fiber.schedule do
+        Fiber.blocking do
+          Fiber.schedule do
+            sleep 0.02
+            out << :inner
+          end
+        end
+        sleep 0.01
+        out << :outer
+      end
+      Fiber.schedule do
+        sleep 0.03
+        out << :other
+      end
+    end
+    assert_equal %i[outer inner other], out
+  end
+
+  def test_schedule_from_a_blocking_fiber_resumed_inside_a_fiber
+    out = []
+    evt do
+      Fiber.schedule do
+        Fiber.new(blocking: true) do
+          Fiber.schedule do
+            sleep 0.02
+            out << :inner
+          end
+        end.resume
+        sleep 0.01
+        out << :outer
+      end
+      Fiber.schedule do
+        sleep 0.03
+        out << :other
+      end
+    end
+    assert_equal %i[outer inner other], out
+  end
+
+  def test_a_fiber_that_raised_into_another_and_then_died_is_not_resumed
+    error = assert_raises(SystemExit) do
+      evt do
+        target = Fiber.schedule do
+          sleep 1
+        rescue RuntimeError
+          exit 3
+        end
+        Fiber.schedule do
+          target.raise("boom")
+          sleep 0.01
+        end
+      end
+    end
+    assert_equal 3, error.status
+  end
 end

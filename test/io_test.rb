@@ -269,6 +269,67 @@ class IOTest < Minitest::Test
     assert_equal "abc", received
   end
 
+  def test_a_large_write_to_a_pipe_in_blocking_mode_lets_the_reader_run
+    received = nil
+    evt do
+      r, w = IO.pipe
+      w.nonblock = false
+      Fiber.schedule do
+        w.write("x" * 1_000_000)
+        w.close
+      end
+      Fiber.schedule { received = r.read }
+    end
+    assert_equal 1_000_000, received.bytesize
+  end
+
+  def test_a_socket_in_blocking_mode_does_not_block_the_other_fibers
+    received = nil
+    evt do
+      a, b = UNIXSocket.pair
+      a.nonblock = false
+      b.nonblock = false
+      Fiber.schedule { received = a.read(5) }
+      Fiber.schedule do
+        sleep 0.01
+        b.write("x" * 2_000_000) # more than the socket buffers: the writer must wait, not block
+        b.write("hello")
+      end
+      Fiber.schedule do
+        sleep 0.02
+        a.read(2_000_000 - 5) # whatever the first reader did not take
+      end
+    end
+    assert_equal "xxxxx", received
+  end
+
+  def test_a_reader_waiting_inside_evt_on_an_io_closed_meanwhile_raises_instead_of_reading_another_file
+    outcome = {}
+    evt do
+      r, w = IO.pipe
+      Fiber.schedule do
+        buffer = IO::Buffer.new(5)
+        outcome[:old] = Fiber.scheduler.io_read(r, buffer, 5, 0) # waits inside io_read for 5 bytes
+      rescue IOError => e
+        outcome[:old] = e.class
+      end
+      Fiber.schedule do
+        sleep 0.01
+        number = r.fileno
+        r.close
+        r2, w2 = IO.pipe
+        outcome[:reused] = (r2.fileno == number)
+        Fiber.schedule { outcome[:new] = r2.read(5) }
+        w2.write("HELLO")
+        w2.close
+        w.close
+      end
+    end
+    assert outcome[:reused], "the test needs the number to be reused"
+    assert_equal IOError, outcome[:old]
+    assert_equal "HELLO", outcome[:new]
+  end
+
   def test_regular_files_read_and_write
     Dir.mktmpdir do |dir|
       path = File.join(dir, "data")

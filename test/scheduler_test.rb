@@ -177,6 +177,81 @@ class SchedulerTest < Minitest::Test
     assert_equal true, woke
   end
 
+  def test_a_scheduler_made_in_one_thread_serves_another
+    scheduler = Evt::Scheduler.new
+    done = false
+    Thread.new do
+      Fiber.set_scheduler(scheduler)
+      Fiber.schedule do
+        sleep 0.01
+        done = true
+      end
+    end.join
+    assert done
+  end
+
+  def test_closing_from_another_thread_while_fibers_wait_raises_thread_error
+    scheduler = nil
+    ready = Thread::Queue.new
+    woke = false
+    owner = Thread.new do
+      scheduler = Evt::Scheduler.new
+      Fiber.set_scheduler(scheduler)
+      Fiber.schedule do
+        ready << true
+        sleep 0.1
+        woke = true
+      end
+      scheduler.run
+    end
+    ready.pop
+    assert_raises(ThreadError) { scheduler.close }
+    owner.join
+    assert woke, "the owner's fiber must be unaffected"
+  end
+
+  def test_an_exception_raised_into_the_loop_as_its_wait_ends_loses_no_event
+    retried = false
+    got = nil
+    scheduler = Evt::Scheduler.new
+    Fiber.set_scheduler(scheduler)
+    r, w = IO.pipe
+    Fiber.schedule { got = r.read(1) }
+    main = Thread.current
+    Thread.new do
+      sleep 0.1 # the loop waits in the kernel by now
+      w.write_nonblock("x") # the event arrives while this thread holds the GVL...
+      main.raise(IndexError) # ...and so does the exception
+    end
+    begin
+      Timeout.timeout(5) { scheduler.run }
+    rescue IndexError
+      retried = true
+      retry
+    end
+    Fiber.set_scheduler(nil)
+    assert retried
+    assert_equal "x", got
+  end
+
+  def test_a_scheduler_abandoned_with_fibers_ready_can_be_collected
+    20.times do
+      thread = Thread.new do
+        Thread.current.report_on_exception = false
+        Fiber.set_scheduler(Evt::Scheduler.new)
+        Fiber.schedule do
+          sleep 0.001
+          raise SystemExit
+        end
+        10.times { Fiber.schedule { sleep 0.001 } }
+      end
+      assert_raises(SystemExit) { thread.join }
+    end
+    GC.start(full_mark: true, immediate_sweep: true)
+    GC.start
+    pass # survived collecting the loops and their fibers, in whatever order
+  end
+
   private
 
   def make_schedulers(count)

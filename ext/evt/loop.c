@@ -6,6 +6,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <limits.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -26,7 +28,8 @@ enum { EVT_SPURIOUS = 0, EVT_TIMED_OUT = -1 };
 /* Registration flags, learnt once per IO object on a descriptor. */
 enum {
     EVT_REG_CHECKED = 1,   /* O_NONBLOCK and file type looked at */
-    EVT_REG_BLOCKING = 2,  /* a descriptor in blocking mode: poll before every transfer */
+    EVT_REG_BLOCKING = 2,  /* a descriptor in blocking mode, not a socket: poll before every transfer */
+    EVT_REG_SOCKET = 4,    /* a socket in blocking mode: transfer with MSG_DONTWAIT */
 };
 
 /* Counts forks: every child increments it at once, so a loop can tell it was inherited. */
@@ -128,7 +131,8 @@ loop_free(void *ptr)
 {
     struct evt_loop *loop = ptr;
     loop_close_backend(loop);
-    EACH_WAITER(&loop->ready, ready_link, w) if (w->allocated) ruby_xfree(w);
+    /* Only the heap waiters: the others live on fiber stacks that may already be gone. */
+    EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);
     for (int fd = 0; fd < loop->registrations_size; fd++) ruby_xfree(loop->registrations[fd]);
     ruby_xfree(loop->registrations);
     evt_timers_free(&loop->timers);
@@ -168,6 +172,7 @@ loop_alloc(VALUE klass)
     loop->current = Qnil;
     loop->thread = Qnil;
     evt_list_init(&loop->ready);
+    evt_list_init(&loop->allocated);
     evt_timers_init(&loop->timers);
     loop->unblockable = st_init_numtable();
     loop->forks = evt_forks;
@@ -194,6 +199,8 @@ static void
 loop_after_fork(struct evt_loop *loop)
 {
     loop_close_backend(loop);
+    EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);
+    evt_list_init(&loop->allocated);
     evt_list_init(&loop->ready);
     loop->ready_count = 0;
     evt_timers_clear(&loop->timers);
@@ -204,9 +211,11 @@ loop_after_fork(struct evt_loop *loop)
         evt_list_init(&reg->waiters);
         reg->io = Qnil;
         reg->events = 0;
+        reg->counts[0] = reg->counts[1] = reg->counts[2] = 0;
     }
     loop->waiting = 0;
     loop->blocked = 0;
+    loop->running = 0;
     loop->loop_fiber = loop->current = rb_fiber_current();
     loop->thread = rb_thread_current();
     loop->forks = evt_forks;
@@ -222,11 +231,27 @@ loop_check(VALUE self)
     return loop;
 }
 
-/* The loop, ready to use: a closed one opens again. */
+/* The loop, for its own thread. A scheduler belongs to one thread; an idle one (no fiber waits in
+ * it) moves to the thread that uses it next, as when it is made in one thread and set in another. */
+static struct evt_loop *
+loop_owned(VALUE self)
+{
+    struct evt_loop *loop = loop_check(self);
+    VALUE thread = rb_thread_current();
+    if (RB_UNLIKELY(thread != loop->thread)) {
+        if (loop->waiting || loop->running)
+            rb_raise(rb_eThreadError, "evt: this scheduler belongs to another thread, where fibers wait in it");
+        loop->thread = thread;
+        loop->loop_fiber = loop->current = rb_fiber_current();
+    }
+    return loop;
+}
+
+/* The loop, ready to use by its thread: a closed one opens again. */
 static inline struct evt_loop *
 loop_get(VALUE self)
 {
-    struct evt_loop *loop = loop_check(self);
+    struct evt_loop *loop = loop_owned(self);
     if (RB_UNLIKELY(!loop->backend_data)) loop_open(loop);
     return loop;
 }
@@ -250,6 +275,7 @@ registration_get(struct evt_loop *loop, int fd, VALUE io)
         evt_list_init(&reg->waiters);
         reg->generation = 0;
         reg->events = reg->interest = reg->trusted = reg->flags = reg->exhausted = 0;
+        reg->counts[0] = reg->counts[1] = reg->counts[2] = 0;
         reg->index = -1;
         loop->registrations[fd] = reg;
     }
@@ -265,17 +291,29 @@ registration_get(struct evt_loop *loop, int fd, VALUE io)
     return reg;
 }
 
-/* Keeps the kernel's interest equal to what the remaining waiters want. */
-static void
-registration_update(struct evt_loop *loop, int fd)
+/* Counts a waiter's events in or out (delta 1 or -1); returns the union of what the waiters want. */
+static int
+registration_count(struct evt_registration *reg, int events, int delta)
 {
-    struct evt_registration *reg = loop->registrations[fd];
-    int events = 0;
-    EACH_WAITER(&reg->waiters, io_link, w) events |= w->events;
+    static const int bits[3] = {EVT_READABLE, EVT_PRIORITY, EVT_WRITABLE};
+    int wanted = 0;
+    for (int i = 0; i < 3; i++) {
+        if (events & bits[i]) reg->counts[i] += delta;
+        if (reg->counts[i]) wanted |= bits[i];
+    }
+    return wanted;
+}
+
+/* A waiter left: keeps the kernel's interest equal to what the remaining waiters want. */
+static void
+registration_leave(struct evt_loop *loop, struct evt_waiter *w)
+{
+    struct evt_registration *reg = loop->registrations[w->fd];
+    int events = registration_count(reg, w->events, -1);
     if (events == reg->events) return;
     reg->events = events;
-    if (events) loop->backend->arm(loop, fd, reg); /* fewer events than before: cannot fail usefully */
-    else loop->backend->disarm(loop, fd, reg);
+    if (events) loop->backend->arm(loop, w->fd, reg); /* fewer events than before: cannot fail usefully */
+    else loop->backend->disarm(loop, w->fd, reg);
 }
 
 /* ---- waiters ----------------------------------------------------------------------------------- */
@@ -301,7 +339,7 @@ waiter_detach(struct evt_loop *loop, struct evt_waiter *w)
 {
     if (evt_list_linked(&w->io_link)) {
         evt_list_remove(&w->io_link);
-        registration_update(loop, w->fd);
+        registration_leave(loop, w);
     }
     if (evt_timer_active(&w->timer)) evt_timers_remove(&loop->timers, &w->timer);
     if (w->unblockable) {
@@ -343,11 +381,13 @@ evt_loop_io_ready(struct evt_loop *loop, int fd, uint32_t generation, int events
 
 /* ---- running ---------------------------------------------------------------------------------- */
 
-/* Switches from the loop fiber to another; control comes back when that fiber waits or ends. */
+/* Switches from the loop fiber to another; control comes back when that fiber waits or ends.
+ * `current` is what the loop believes runs; a fiber being started is not known to run until it
+ * says so (loop_started), since starting can fail before it does (FiberError: no stack). */
 static inline void
-switch_to(struct evt_loop *loop, VALUE fiber)
+switch_to(struct evt_loop *loop, VALUE fiber, int start)
 {
-    loop->current = fiber;
+    loop->current = start ? Qnil : fiber;
     rb_fiber_transfer(fiber, 0, NULL);
     loop->current = loop->loop_fiber;
 }
@@ -367,6 +407,7 @@ ready_the_switcher(struct evt_loop *loop, VALUE unwound)
     struct evt_waiter *w = ALLOC(struct evt_waiter);
     waiter_init(w, switcher);
     w->allocated = 1;
+    evt_list_append(&loop->allocated, &w->io_link);
     loop->waiting++;
     waiter_ready(loop, w);
 }
@@ -385,10 +426,12 @@ loop_resume_ready(struct evt_loop *loop, struct evt_waiter *until)
         if (w == until) return 1;
         VALUE fiber = w->fiber;
         if (w->allocated) {
+            evt_list_remove(&w->io_link);
             ruby_xfree(w);
             loop->waiting--;
+            if (!RTEST(rb_fiber_alive_p(fiber))) continue; /* ended meanwhile (killed) */
         }
-        switch_to(loop, fiber);
+        switch_to(loop, fiber, 0);
     }
     return 0;
 }
@@ -434,7 +477,9 @@ loop_wait(struct evt_loop *loop, int64_t timeout)
     }
     else {
         __atomic_store_n(&loop->blocked, 1, __ATOMIC_SEQ_CST);
-        rb_thread_call_without_gvl(wait_without_gvl, &arguments, wait_unblock, loop);
+        /* RB_NOGVL_INTR_FAIL: no interrupt check on the way out, where an exception would lose the
+         * events just taken from the kernel; they are checked below, after dispatch. */
+        rb_nogvl(wait_without_gvl, &arguments, wait_unblock, loop, RB_NOGVL_INTR_FAIL);
         __atomic_store_n(&loop->blocked, 0, __ATOMIC_SEQ_CST);
     }
     if (arguments.result > 0) loop->backend->dispatch(loop);
@@ -447,12 +492,15 @@ loop_wait(struct evt_loop *loop, int64_t timeout)
 /* One iteration at a time, in the order libuv documents for its loop: resume what is ready, fire
  * the timers that are due, compute how long to block, wait without the GVL, mark what arrived
  * ready. Runs until no fiber waits, or, when `until` is given, until that waiter is resumed. */
-static void
-loop_run(struct evt_loop *loop, struct evt_waiter *until)
+static VALUE
+loop_run_iterations(VALUE ptr)
 {
+    struct evt_loop *loop = ((struct evt_loop **)ptr)[0];
+    struct evt_waiter *until = ((struct evt_waiter **)ptr)[1];
     for (;;) {
-        if (loop_resume_ready(loop, until)) return;
-        if (!until && loop->waiting == 0) return;
+        if (loop_resume_ready(loop, until)) return Qnil;
+        if (!until && loop->waiting == 0) return Qnil;
+        if (!loop->backend_data) loop_open(loop);
 
         int64_t now = now_ns();
         loop_fire_timers(loop, now);
@@ -464,6 +512,23 @@ loop_run(struct evt_loop *loop, struct evt_waiter *until)
 
         loop_wait(loop, timeout);
     }
+}
+
+static VALUE
+loop_run_done(VALUE ptr)
+{
+    struct evt_loop *loop = ((struct evt_loop **)ptr)[0];
+    loop->running--;
+    loop->current = loop->loop_fiber;
+    return Qnil;
+}
+
+static void
+loop_run(struct evt_loop *loop, struct evt_waiter *until)
+{
+    void *arguments[2] = {loop, until};
+    loop->running++;
+    rb_ensure(loop_run_iterations, (VALUE)arguments, loop_run_done, (VALUE)arguments);
 }
 
 /* ---- suspending ---------------------------------------------------------------------------------- */
@@ -499,11 +564,11 @@ wait_body(VALUE ptr)
     case EVT_WAIT_IO: {
         struct evt_registration *reg = registration_get(loop, w->fd, wait->io);
         int previous = reg->events;
-        reg->events |= w->events;
+        reg->events = registration_count(reg, w->events, 1);
         if (reg->events != previous || !reg->trusted) {
             int err = loop->backend->arm(loop, w->fd, reg);
             if (err < 0) {
-                reg->events = previous;
+                reg->events = registration_count(reg, w->events, -1);
                 if (err != -EPERM) rb_syserr_fail_str(-err, rb_sprintf("evt: watching descriptor %d", w->fd));
                 /* Cannot be polled (a regular file): always ready. */
                 waiter_wake(loop, w, w->events);
@@ -524,7 +589,7 @@ wait_body(VALUE ptr)
     }
 
     if (wait->kind == EVT_WAIT_START) {
-        loop->current = wait->target;
+        loop->current = Qnil; /* until the new fiber says it runs */
         rb_fiber_transfer(wait->target, 0, NULL);
     }
     else if (w->fiber == loop->loop_fiber) loop_run(loop, w); /* the loop fiber waits by running the loop */
@@ -597,9 +662,10 @@ poll_now(int fd, int events)
 
 /* ---- hooks -------------------------------------------------------------------------------------- */
 
-/* The registration for a transfer on io. Learns once per IO whether its descriptor would block a
- * read or write (blocking mode and not a regular file): those are polled before each transfer
- * instead of tried blindly. */
+/* The registration for a transfer on io. Learns once per IO whether its descriptor is in blocking
+ * mode: a socket is then read and written with MSG_DONTWAIT; anything else (a pipe, a FIFO, a tty)
+ * is polled before each transfer, and written at most PIPE_BUF bytes at a time, which a writable
+ * pipe takes without blocking. Regular files never wait. */
 static struct evt_registration *
 transfer_registration(struct evt_loop *loop, VALUE io, int fd)
 {
@@ -611,10 +677,27 @@ transfer_registration(struct evt_loop *loop, VALUE io, int fd)
         if (!(flags & O_NONBLOCK)) {
             struct stat st;
             if (fstat(fd, &st) < 0) rb_sys_fail("fstat");
-            if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) reg->flags |= EVT_REG_BLOCKING;
+            if (S_ISSOCK(st.st_mode)) reg->flags |= EVT_REG_SOCKET;
+            else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) reg->flags |= EVT_REG_BLOCKING;
         }
     }
     return reg;
+}
+
+/* One read(2) or write(2) that cannot block the thread, or -1 with errno EAGAIN. */
+static ssize_t
+transfer_once(struct evt_registration *reg, int fd, int events, char *base, size_t size)
+{
+    if (reg->flags & EVT_REG_SOCKET)
+        return events == EVT_READABLE ? recv(fd, base, size, MSG_DONTWAIT) : send(fd, base, size, MSG_DONTWAIT);
+    if (reg->flags & EVT_REG_BLOCKING) {
+        if (!poll_now(fd, events)) {
+            errno = EAGAIN;
+            return -1;
+        }
+        if (events == EVT_WRITABLE && size > PIPE_BUF) size = PIPE_BUF;
+    }
+    return events == EVT_READABLE ? read(fd, base, size) : write(fd, base, size);
 }
 
 /* Waits for the IO as a read or write would, under the IO's own #timeout. */
@@ -664,23 +747,15 @@ io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset
     size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
     struct evt_registration *reg = transfer_registration(loop, io, fd);
     for (;;) {
-        ssize_t n;
-        if ((reg->flags & EVT_REG_BLOCKING) && !poll_now(fd, events)) {
-            n = -1;
-            errno = EAGAIN; /* would block the thread */
-        }
-        else {
-            void *base;
-            size_t size;
-            /* Fetched before every try: another fiber may have resized the buffer meanwhile. */
-            if (events == EVT_READABLE) rb_io_buffer_get_bytes_for_writing(buffer, &base, &size);
-            else rb_io_buffer_get_bytes_for_reading(buffer, (const void **)&base, &size);
-            if (offset > size)
-                rb_raise(rb_eArgError, "offset %" PRIuSIZE " is past the end of the buffer (%" PRIuSIZE " bytes)",
-                         offset, size);
-            n = events == EVT_READABLE ? read(fd, (char *)base + offset, size - offset)
-                                       : write(fd, (const char *)base + offset, size - offset);
-        }
+        void *base;
+        size_t size;
+        /* Fetched before every try: another fiber may have resized the buffer meanwhile. */
+        if (events == EVT_READABLE) rb_io_buffer_get_bytes_for_writing(buffer, &base, &size);
+        else rb_io_buffer_get_bytes_for_reading(buffer, (const void **)&base, &size);
+        if (offset > size)
+            rb_raise(rb_eArgError, "offset %" PRIuSIZE " is past the end of the buffer (%" PRIuSIZE " bytes)",
+                     offset, size);
+        ssize_t n = transfer_once(reg, fd, events, (char *)base + offset, size - offset);
         if (n > 0) {
             total += n;
             offset += n;
@@ -696,6 +771,10 @@ io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset
                 return INT2FIX(-EAGAIN);
             }
             wait_for_transfer(loop, io, fd, events);
+            /* The IO may have been closed meanwhile, and its number given to another file: raise
+             * as Ruby does for a closed stream rather than transfer on someone else's descriptor. */
+            fd = rb_io_descriptor(io);
+            reg = transfer_registration(loop, io, fd);
             continue;
         }
         if (total) break; /* the error shows on the next call */
@@ -805,17 +884,16 @@ fiber_blocking_p(VALUE fiber)
 /*
  * start(fiber) -> fiber
  *
- * Runs a new fiber at once, until it waits or ends. A scheduled fiber that starts another one waits
- * in the ready queue meanwhile.
+ * Runs a new fiber at once, until it waits or ends. Any fiber but the loop fiber (a scheduled one,
+ * or a blocking one inside it) waits in the ready queue meanwhile.
  */
 static VALUE
 loop_start(VALUE self, VALUE fiber)
 {
     struct evt_loop *loop = loop_get(self);
     VALUE current = rb_fiber_current();
-    if (current == loop->loop_fiber || fiber_blocking_p(current)) {
-        loop->loop_fiber = current;
-        switch_to(loop, fiber);
+    if (current == loop->loop_fiber) {
+        switch_to(loop, fiber, 1);
     }
     else {
         struct evt_waiter w;
@@ -823,6 +901,18 @@ loop_start(VALUE self, VALUE fiber)
         loop_suspend(loop, &w, EVT_WAIT_START, Qnil, fiber, -1);
     }
     return fiber;
+}
+
+/*
+ * started -> nil
+ *
+ * Called by a new scheduled fiber as it begins: from now on it is the fiber the loop runs.
+ */
+static VALUE
+loop_started(VALUE self)
+{
+    loop_check(self)->current = rb_fiber_current();
+    return Qnil;
 }
 
 /*
@@ -837,6 +927,7 @@ loop_run_m(VALUE self)
     struct evt_loop *loop = loop_get(self);
     VALUE current = rb_fiber_current();
     if (current != loop->loop_fiber) {
+        if (loop->running) rb_raise(eFiberError, "evt: the loop is already running on another fiber");
         if (!fiber_blocking_p(current))
             rb_raise(eFiberError, "evt: the loop runs on a blocking fiber (the one that drives the scheduler), "
                                      "not inside a scheduled fiber");
@@ -856,11 +947,11 @@ loop_run_m(VALUE self)
 static VALUE
 loop_scheduler_close(VALUE self)
 {
-    struct evt_loop *loop = loop_check(self);
+    struct evt_loop *loop = loop_owned(self);
     VALUE current = rb_fiber_current();
-    if (current != loop->loop_fiber && !fiber_blocking_p(current))
+    if (current != loop->loop_fiber && (loop->running || !fiber_blocking_p(current)))
         rb_raise(eFiberError, "evt: a scheduler is closed from the blocking fiber that drives it, "
-                                 "not from inside a scheduled fiber");
+                              "not from inside a scheduled fiber");
     VALUE errinfo = rb_errinfo();
     int state = 0;
     rb_protect(loop_run_m, self, &state);
@@ -874,7 +965,9 @@ loop_scheduler_close(VALUE self)
 static VALUE
 loop_close_backend_m(VALUE self)
 {
-    loop_close_backend(loop_check(self));
+    struct evt_loop *loop = loop_owned(self);
+    if (loop->running) rb_raise(eFiberError, "evt: the loop is running: it closes when it is done");
+    loop_close_backend(loop);
     return Qnil;
 }
 
@@ -1014,6 +1107,7 @@ evt_loop_init(VALUE mEvt)
     rb_define_method(evt_cLoop, "waiting", loop_waiting, 0);
 
     rb_define_private_method(evt_cLoop, "start", loop_start, 1);
+    rb_define_private_method(evt_cLoop, "started", loop_started, 0);
     rb_define_private_method(evt_cLoop, "close_backend", loop_close_backend_m, 0);
     rb_define_private_method(evt_cLoop, "suspended_fibers", loop_fibers, 0);
 }

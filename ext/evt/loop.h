@@ -41,6 +41,7 @@ struct evt_registration {
     struct evt_list waiters;
     uint32_t generation;      /* changes with io, so the kernel's events for an older file are ignored */
     int events;               /* union of the waiters' events */
+    unsigned counts[3];       /* waiters per event (readable, priority, writable) */
     int flags;                /* EVT_REG_*: what the core learnt about the descriptor */
     int exhausted;            /* events a transfer found not ready (EAGAIN) since the last event came */
     int interest;             /* backend: events the kernel was last asked for */
@@ -56,6 +57,7 @@ struct evt_loop {
     VALUE thread;
     struct evt_list ready;
     size_t ready_count;
+    struct evt_list allocated; /* waiters on the heap (for fibers that switched away), by io_link */
     struct evt_timers timers;
     st_table *unblockable;    /* fiber -> waiter, for unblock */
     struct evt_registration **registrations;  /* by descriptor, allocated on first use */
@@ -63,6 +65,7 @@ struct evt_loop {
     uint32_t generation;
     size_t waiting;           /* fibers suspended in evt */
     volatile int blocked;     /* inside the backend's wait without the GVL: wakeups must go to the kernel */
+    int running;              /* inside loop_run */
     unsigned forks;           /* evt_forks when the kernel objects were made */
 };
 

@@ -86,6 +86,7 @@ module Evt
       raise ArgumentError, "evt: scheduled fibers are non-blocking" if options[:blocking]
 
       fiber = Fiber.new(**options, blocking: false) do
+        started # the loop now knows this fiber runs (starting it could have failed)
         block.call
       rescue SystemExit, SignalException
         raise
