@@ -1,7 +1,11 @@
 # frozen_string_literal: true
 
 require_relative "evt/version"
-require "evt/evt"
+begin
+  require "evt/#{RUBY_VERSION[/\A\d+\.\d+/]}/evt" # a development build (rake compile)
+rescue LoadError
+  require "evt/evt" # the installed gem's build
+end
 require_relative "evt/scheduler"
 
 # evt: a Fiber Scheduler for CRuby on the fastest event mechanism the platform has.
