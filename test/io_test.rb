@@ -180,6 +180,16 @@ class IOTest < Minitest::Test
     end
   end
 
+  def test_read_nonblock_sees_data_written_just_before_by_the_same_fiber
+    evt do
+      r, w = IO.pipe
+      w.write("ab")
+      assert_equal "ab", r.read_nonblock(10)
+      w.write("cd")
+      assert_equal "cd", r.read_nonblock(10), "no event was dispatched in between, but the data is there"
+    end
+  end
+
   def test_write_nonblock_does_not_wait
     evt do
       a, = UNIXSocket.pair

@@ -21,6 +21,7 @@ VALUE evt_cLoop;
 
 static ID id_blocking_p;
 static VALUE eFiberError;
+static VALUE cBasicSocket = Qundef; /* once `socket` is loaded */
 
 /* What a finished wait reports besides events (> 0) and "unblocked" (1). */
 enum { EVT_SPURIOUS = 0, EVT_TIMED_OUT = -1 };
@@ -663,7 +664,8 @@ poll_now(int fd, int events)
 /* ---- hooks -------------------------------------------------------------------------------------- */
 
 /* The registration for a transfer on io. Learns once per IO whether its descriptor is in blocking
- * mode: a socket is then read and written with MSG_DONTWAIT; anything else (a pipe, a FIFO, a tty)
+ * mode: a socket (any BasicSocket, or a descriptor in blocking mode that fstat says is one) is read
+ * and written with MSG_DONTWAIT; anything else in blocking mode (a pipe, a FIFO, a tty)
  * is polled before each transfer, and written at most PIPE_BUF bytes at a time, which a writable
  * pipe takes without blocking. Regular files never wait. */
 static struct evt_registration *
@@ -671,6 +673,13 @@ transfer_registration(struct evt_loop *loop, VALUE io, int fd)
 {
     struct evt_registration *reg = registration_get(loop, fd, io);
     if (!(reg->flags & EVT_REG_CHECKED)) {
+        if (RB_UNDEF_P(cBasicSocket) && rb_const_defined(rb_cObject, rb_intern("BasicSocket")))
+            cBasicSocket = rb_const_get(rb_cObject, rb_intern("BasicSocket"));
+        if (!RB_UNDEF_P(cBasicSocket) && RTEST(rb_obj_is_kind_of(io, cBasicSocket))) {
+            /* MSG_DONTWAIT never blocks, whatever the mode: no need to ask the kernel. */
+            reg->flags = EVT_REG_CHECKED | EVT_REG_SOCKET;
+            return reg;
+        }
         int flags = fcntl(fd, F_GETFL);
         if (flags < 0) rb_sys_fail("fcntl(F_GETFL)");
         reg->flags = EVT_REG_CHECKED;
@@ -1084,6 +1093,7 @@ evt_loop_init(VALUE mEvt)
 {
     id_blocking_p = rb_intern("blocking?");
     eFiberError = rb_const_get(rb_cObject, rb_intern("FiberError"));
+    rb_gc_register_address(&cBasicSocket);
     pthread_atfork(NULL, NULL, evt_atfork_child);
 
     evt_cLoop = rb_define_class_under(mEvt, "Loop", rb_cObject);
