@@ -22,6 +22,12 @@ module Bench
     quick: {duration: 1, warmup: 1, strace: 1, pairs: 10, messages: 2_000, fibers: 10_000, idle: 1_000},
   }.freeze
 
+  NOTES = {
+    "timers" => "(peak RSS counts the fibers alive at once: a scheduler that starts them faster has more " \
+                "of them overlapping within the 100 ms)",
+    "http-keepalive" => "(syscalls/req: a separate 1-2 s run under strace -c -f, which slows the server down)",
+  }.freeze
+
   class Failure < StandardError; end
 
   # One benchmark run: options in, tables on stdout, JSON and SVG out.
@@ -29,7 +35,11 @@ module Bench
     def initialize(argv)
       @options = {quick: false, json: File.join(ROOT, "bench/results/latest.json"),
                   svg: File.join(ROOT, "bench/results/latest.svg"), only: SCENARIOS, subjects: nil, duration: nil}
-      parse(argv)
+      begin
+        parse(argv)
+      rescue OptionParser::ParseError => e
+        abort "bin/bench: #{e.message} (bin/bench --help)"
+      end
       @size = SIZES.fetch(@options[:quick] ? :quick : :full).dup
       @size[:duration] = @options[:duration] if @options[:duration]
       @cores = Etc.nprocessors
@@ -154,7 +164,7 @@ module Bench
     def http(subject, keepalive:)
       # One connection at a time cannot keep 100 keep-alive connections: the rest would starve.
       connections = subject == "blocking" && keepalive ? 1 : 100
-      server = start_server(subject == "c-epoll" ? [@c_server] : [*ruby, "bench/http_server.rb", subject])
+      server = start_server(subject == "c-epoll" ? [@c_server] : [*ruby_for(subject), "bench/http_server.rb", subject])
       begin
         url = "http://127.0.0.1:#{server[:port]}/"
         headers = keepalive ? [] : ["-H", "Connection: close"]
@@ -229,9 +239,9 @@ module Bench
 
     def script(name, subject, *arguments)
       out, err, status = Timeout.timeout(600) do
-        Open3.capture3(bench_env, *pin(0), *ruby, "-rbundler/setup", "bench/#{name}", subject, *arguments.map(&:to_s), chdir: ROOT)
+        Open3.capture3(bench_env, *pin(0), *ruby_for(subject), "bench/#{name}", subject, *arguments.map(&:to_s), chdir: ROOT)
       end
-      raise Failure, (err.lines.last || "exited with #{status.exitstatus}").strip unless status.success?
+      raise Failure, first_error(err, status) unless status.success?
 
       JSON.parse(out.lines.last, symbolize_names: true)
     end
@@ -258,7 +268,7 @@ module Bench
 
     def idle(subject)
       count = @size[:idle]
-      server = start_server([*ruby, "-rbundler/setup", "bench/idle_server.rb", subject, count.to_s])
+      server = start_server([*ruby_for(subject), "bench/idle_server.rb", subject, count.to_s])
       client = IO.popen([*ruby, "bench/idle_client.rb", server[:port].to_s, count.to_s], "r+", chdir: ROOT, err: File::NULL)
       begin
         line = Timeout.timeout(120) { server[:stdout].gets }
@@ -317,6 +327,7 @@ module Bench
       end
       best = rows.find { |r| r[:best_peer] }
       puts "best peer: #{best[:best_peer]}" if best
+      puts NOTES[scenario] if NOTES[scenario]
       $stdout.flush
     end
 
@@ -345,7 +356,17 @@ module Bench
       [RbConfig.ruby, "-I#{ROOT}/lib"]
     end
 
-    # async's gems live in the optional :bench group of the Gemfile.
+    # async's gems come from the Gemfile's optional :bench group; everything else needs only lib/.
+    def ruby_for(subject)
+      subject.start_with?("async-") ? [*ruby, "-rbundler/setup"] : ruby
+    end
+
+    # The line of a failed process's stderr that says what went wrong.
+    def first_error(err, status)
+      line = err.lines.find { |l| l =~ /Error|error|abort/ } || err.lines.last
+      (line || "exited with status #{status.exitstatus}").strip
+    end
+
     def bench_env
       {"BUNDLE_WITH" => "bench", "BUNDLE_GEMFILE" => File.join(ROOT, "Gemfile")}
     end
