@@ -18,9 +18,13 @@ module Bench
     end
 
     def to_svg
-      y = 40
+      y = 58
       body = [text(16, 24, "evt bin/bench — Ruby #{@document[:ruby]}, #{@document[:cores]} cores, " \
                            "#{@document[:date]} (#{@document[:run]} run); lower is better", size: 15, weight: "bold")]
+      [["evt", "#2f6fb3"], ["peers", "#d08a2e"], ["C reference", "#777"]].each_with_index do |(name, color), i|
+        body << %(<rect x="#{16 + i * 110}" y="33" width="12" height="12" fill="#{color}"/>)
+        body << text(32 + i * 110, 44, name)
+      end
       @document[:results].group_by { |r| r[:scenario] }.each do |scenario, rows|
         key, unit = METRICS.fetch(scenario)
         body << text(16, y + 14, "#{scenario}: #{unit}", size: 13, weight: "bold")
@@ -55,7 +59,7 @@ module Bench
       parts << format("%.2f× best peer", row[:vs_best_peer]) if row[:vs_best_peer] && row[:subject] != row[:best_peer]
       parts << "best peer" if row[:subject] == row[:best_peer]
       parts << format("%.2f× C", row[:vs_c]) if row[:vs_c]
-      parts.join("  ")
+      parts.join(" · ")
     end
 
     def text(x, y, content, size: 12, weight: "normal", fill: "#222")
