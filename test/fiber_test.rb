@@ -141,45 +141,11 @@ class FiberTest < Minitest::Test
   end
 
   def test_schedule_from_a_blocking_block_inside_a_fiber
-    out = []
-    evt do
-      Fiber.schedule do
-        Fiber.blocking do
-          Fiber.schedule do
-            sleep 0.02
-            out << :inner
-          end
-        end
-        sleep 0.01
-        out << :outer
-      end
-      Fiber.schedule do
-        sleep 0.03
-        out << :other
-      end
-    end
-    assert_equal %i[outer inner other], out
+    assert_equal %i[outer inner other], schedule_inside { |inner| Fiber.blocking(&inner) }
   end
 
   def test_schedule_from_a_blocking_fiber_resumed_inside_a_fiber
-    out = []
-    evt do
-      Fiber.schedule do
-        Fiber.new(blocking: true) do
-          Fiber.schedule do
-            sleep 0.02
-            out << :inner
-          end
-        end.resume
-        sleep 0.01
-        out << :outer
-      end
-      Fiber.schedule do
-        sleep 0.03
-        out << :other
-      end
-    end
-    assert_equal %i[outer inner other], out
+    assert_equal %i[outer inner other], schedule_inside { |inner| Fiber.new(blocking: true, &inner).resume }
   end
 
   def test_a_fiber_that_raised_into_another_and_then_died_is_not_resumed
@@ -197,5 +163,30 @@ class FiberTest < Minitest::Test
       end
     end
     assert_equal 3, error.status
+  end
+
+  private
+
+  # A scheduled fiber schedules another from inside a blocking context given by the block; the
+  # order the three fibers finish in.
+  def schedule_inside
+    out = []
+    evt do
+      Fiber.schedule do
+        yield(proc do
+          Fiber.schedule do
+            sleep 0.02
+            out << :inner
+          end
+        end)
+        sleep 0.01
+        out << :outer
+      end
+      Fiber.schedule do
+        sleep 0.03
+        out << :other
+      end
+    end
+    out
   end
 end
