@@ -6,6 +6,7 @@ begin
 rescue LoadError
   require "evt/evt" # the installed gem's build
 end
+require_relative "evt/resolver"
 require_relative "evt/scheduler"
 
 # evt: a Fiber Scheduler for CRuby on the fastest event mechanism the platform has.

@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -86,8 +87,17 @@ loop_mark(void *ptr)
     rb_gc_mark_movable(loop->current);
     rb_gc_mark_movable(loop->thread);
     EACH_WAITER(&loop->ready, ready_link, w) rb_gc_mark(w->fiber);
-    for (size_t i = 0; i < loop->timers.size; i++)
-        rb_gc_mark(evt_container_of(loop->timers.heap[i], struct evt_waiter, timer)->fiber);
+    for (size_t i = 0; i < loop->timers.size; i++) {
+        struct evt_timer *timer = loop->timers.heap[i];
+        if (timer->kind == EVT_TIMER_WAITER) {
+            rb_gc_mark(evt_container_of(timer, struct evt_waiter, timer)->fiber);
+        }
+        else {
+            struct evt_timeout *timeout = evt_container_of(timer, struct evt_timeout, timer);
+            rb_gc_mark(timeout->fiber);
+            rb_gc_mark(timeout->exception);
+        }
+    }
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
         if (!reg) continue;
@@ -325,7 +335,8 @@ waiter_init(struct evt_waiter *w, VALUE fiber)
     w->fiber = fiber;
     evt_list_init(&w->ready_link);
     evt_list_init(&w->io_link);
-    evt_timer_init(&w->timer);
+    evt_timer_init(&w->timer, EVT_TIMER_WAITER);
+    w->owner = NULL;
     w->fd = -1;
     w->events = 0;
     w->result = EVT_SPURIOUS;
@@ -376,7 +387,16 @@ evt_loop_io_ready(struct evt_loop *loop, int fd, uint32_t generation, int events
     reg->exhausted &= ~events;
     EACH_WAITER(&reg->waiters, io_link, w) {
         int ready = w->events & events;
-        if (ready) waiter_wake(loop, w, ready);
+        if (!ready) continue;
+        if (w->owner) {
+            /* One of an io_select's IOs: wake the select, which looks at all of them again. */
+            evt_list_remove(&w->io_link);
+            registration_leave(loop, w);
+            waiter_wake(loop, w->owner, ready);
+        }
+        else {
+            waiter_wake(loop, w, ready);
+        }
     }
 }
 
@@ -442,6 +462,14 @@ loop_fire_timers(struct evt_loop *loop, int64_t now)
 {
     struct evt_timer *timer;
     while ((timer = evt_timers_first(&loop->timers)) && timer->deadline <= now) {
+        if (timer->kind == EVT_TIMER_TIMEOUT) {
+            /* timeout_after: raise in the fiber, wherever it waits; control comes back here when it
+             * waits again or ends. */
+            struct evt_timeout *timeout = evt_container_of(timer, struct evt_timeout, timer);
+            evt_timers_remove(&loop->timers, timer);
+            rb_fiber_raise(timeout->fiber, 1, &timeout->exception);
+            continue;
+        }
         struct evt_waiter *w = evt_container_of(timer, struct evt_waiter, timer);
         if (w->state == EVT_WAITING) waiter_wake(loop, w, EVT_TIMED_OUT);
         else evt_timers_remove(&loop->timers, timer);
@@ -505,6 +533,8 @@ loop_run_iterations(VALUE ptr)
 
         int64_t now = now_ns();
         loop_fire_timers(loop, now);
+        /* A timeout_after raised in a fiber here, and that fiber may have finished the work. */
+        if (!until && loop->waiting == 0 && !loop->ready_count) return Qnil;
 
         int64_t timeout = -1;
         struct evt_timer *first = evt_timers_first(&loop->timers);
@@ -534,7 +564,16 @@ loop_run(struct evt_loop *loop, struct evt_waiter *until)
 
 /* ---- suspending ---------------------------------------------------------------------------------- */
 
-enum evt_wait_kind { EVT_WAIT_IO, EVT_WAIT_BLOCK, EVT_WAIT_YIELD, EVT_WAIT_START };
+enum evt_wait_kind { EVT_WAIT_IO, EVT_WAIT_BLOCK, EVT_WAIT_YIELD, EVT_WAIT_START, EVT_WAIT_SELECT };
+
+/* io_select's IOs: a waiter each, all waking the select's own waiter. */
+struct evt_selection {
+    long count;
+    VALUE *ios;
+    int *fds;
+    int *events;
+    struct evt_waiter *waiters;
+};
 
 /* One suspension of the current fiber. The whole of it (linking the waiter into the loop's
  * structures, switching away, unlinking) runs under rb_ensure, so however the fiber is unwound the
@@ -545,9 +584,30 @@ struct evt_wait {
     enum evt_wait_kind kind;
     VALUE io;          /* EVT_WAIT_IO */
     VALUE target;      /* EVT_WAIT_START: the new fiber */
+    struct evt_selection *selection; /* EVT_WAIT_SELECT */
     int64_t timeout;   /* -1: none */
     unsigned forks;
 };
+
+/* Hangs a waiter on its descriptor's registration, arming the backend when the interest grows.
+ * A descriptor the kernel cannot poll (a regular file) is always ready: the waiter wakes at once. */
+static void
+waiter_attach(struct evt_loop *loop, struct evt_waiter *w, VALUE io)
+{
+    struct evt_registration *reg = registration_get(loop, w->fd, io);
+    int previous = reg->events;
+    reg->events = registration_count(reg, w->events, 1);
+    if (reg->events != previous || !reg->trusted) {
+        int err = loop->backend->arm(loop, w->fd, reg);
+        if (err < 0) {
+            reg->events = registration_count(reg, w->events, -1);
+            if (err != -EPERM) rb_syserr_fail_str(-err, rb_sprintf("evt: watching descriptor %d", w->fd));
+            waiter_wake(loop, w->owner ? w->owner : w, w->events);
+            return;
+        }
+    }
+    evt_list_append(&reg->waiters, &w->io_link);
+}
 
 static VALUE
 wait_body(VALUE ptr)
@@ -562,21 +622,24 @@ wait_body(VALUE ptr)
     if (wait->timeout >= 0) evt_timers_add(&loop->timers, &w->timer, now_ns() + wait->timeout);
 
     switch (wait->kind) {
-    case EVT_WAIT_IO: {
-        struct evt_registration *reg = registration_get(loop, w->fd, wait->io);
-        int previous = reg->events;
-        reg->events = registration_count(reg, w->events, 1);
-        if (reg->events != previous || !reg->trusted) {
-            int err = loop->backend->arm(loop, w->fd, reg);
-            if (err < 0) {
-                reg->events = registration_count(reg, w->events, -1);
-                if (err != -EPERM) rb_syserr_fail_str(-err, rb_sprintf("evt: watching descriptor %d", w->fd));
-                /* Cannot be polled (a regular file): always ready. */
-                waiter_wake(loop, w, w->events);
-                break;
-            }
+    case EVT_WAIT_IO:
+        waiter_attach(loop, w, wait->io);
+        break;
+    case EVT_WAIT_SELECT: {
+        struct evt_selection *selection = wait->selection;
+        for (long i = 0; i < selection->count && w->state == EVT_WAITING; i++) {
+            struct evt_waiter *secondary = &selection->waiters[i];
+            waiter_init(secondary, w->fiber);
+            secondary->owner = w;
+            secondary->fd = selection->fds[i];
+            secondary->events = selection->events[i];
+            waiter_attach(loop, secondary, selection->ios[i]);
         }
-        evt_list_append(&reg->waiters, &w->io_link);
+        if (selection->count == 0 && wait->timeout < 0) {
+            /* Nothing to watch and no time limit: IO.select sleeps until interrupted. */
+            st_insert(loop->unblockable, (st_data_t)w->fiber, (st_data_t)w);
+            w->unblockable = 1;
+        }
         break;
     }
     case EVT_WAIT_BLOCK:
@@ -605,6 +668,15 @@ wait_ensure(VALUE ptr)
     struct evt_loop *loop = wait->loop;
     struct evt_waiter *w = wait->waiter;
     if (wait->forks != loop->forks) return Qnil; /* resumed in a child: the loop no longer knows it */
+    if (wait->kind == EVT_WAIT_SELECT) {
+        for (long i = 0; i < wait->selection->count; i++) {
+            struct evt_waiter *secondary = &wait->selection->waiters[i];
+            if (secondary->owner && evt_list_linked(&secondary->io_link)) {
+                evt_list_remove(&secondary->io_link);
+                registration_leave(loop, secondary);
+            }
+        }
+    }
     if (w->state != EVT_IDLE) {
         /* Resumed by something other than the loop: Fiber#raise or Fiber#kill from another fiber. */
         if (w->state == EVT_READY) {
@@ -623,7 +695,7 @@ static int
 loop_suspend(struct evt_loop *loop, struct evt_waiter *w, enum evt_wait_kind kind, VALUE io, VALUE target,
              int64_t timeout)
 {
-    struct evt_wait wait = {loop, w, kind, io, target, timeout, loop->forks};
+    struct evt_wait wait = {loop, w, kind, io, target, NULL, timeout, loop->forks};
     rb_ensure(wait_body, (VALUE)&wait, wait_ensure, (VALUE)&wait);
     return w->result;
 }
@@ -693,11 +765,12 @@ transfer_registration(struct evt_loop *loop, VALUE io, int fd)
     return reg;
 }
 
-/* One read(2) or write(2) that cannot block the thread, or -1 with errno EAGAIN. */
+/* One read(2) or write(2) (pread/pwrite at `position` when it is not negative) that cannot block
+ * the thread, or -1 with errno EAGAIN. */
 static ssize_t
-transfer_once(struct evt_registration *reg, int fd, int events, char *base, size_t size)
+transfer_once(struct evt_registration *reg, int fd, int events, char *base, size_t size, off_t position)
 {
-    if (reg->flags & EVT_REG_SOCKET)
+    if ((reg->flags & EVT_REG_SOCKET) && position < 0)
         return events == EVT_READABLE ? recv(fd, base, size, MSG_DONTWAIT) : send(fd, base, size, MSG_DONTWAIT);
     if (reg->flags & EVT_REG_BLOCKING) {
         if (!poll_now(fd, events)) {
@@ -706,6 +779,8 @@ transfer_once(struct evt_registration *reg, int fd, int events, char *base, size
         }
         if (events == EVT_WRITABLE && size > PIPE_BUF) size = PIPE_BUF;
     }
+    if (position >= 0)
+        return events == EVT_READABLE ? pread(fd, base, size, position) : pwrite(fd, base, size, position);
     return events == EVT_READABLE ? read(fd, base, size) : write(fd, base, size);
 }
 
@@ -749,7 +824,7 @@ loop_io_wait(VALUE self, VALUE io, VALUE events_value, VALUE timeout_value)
  * rather than waiting: Ruby's blocking reads and writes then call io_wait and try again, while
  * read_nonblock and write_nonblock (which come here too) must not wait. */
 static VALUE
-io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset_value, int events)
+io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset_value, off_t position, int events)
 {
     struct evt_loop *loop = loop_get(self);
     int fd = rb_io_descriptor(io);
@@ -764,7 +839,8 @@ io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset
         if (offset > size)
             rb_raise(rb_eArgError, "offset %" PRIuSIZE " is past the end of the buffer (%" PRIuSIZE " bytes)",
                      offset, size);
-        ssize_t n = transfer_once(reg, fd, events, (char *)base + offset, size - offset);
+        ssize_t n = transfer_once(reg, fd, events, (char *)base + offset, size - offset,
+                                  position < 0 ? -1 : position + (off_t)total);
         if (n > 0) {
             total += n;
             offset += n;
@@ -802,7 +878,7 @@ io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset
 static VALUE
 loop_io_read(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE offset)
 {
-    return io_transfer(self, io, buffer, length, offset, EVT_READABLE);
+    return io_transfer(self, io, buffer, length, offset, -1, EVT_READABLE);
 }
 
 /*
@@ -815,8 +891,211 @@ loop_io_read(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE offset)
 static VALUE
 loop_io_write(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE offset)
 {
-    return io_transfer(self, io, buffer, length, offset, EVT_WRITABLE);
+    return io_transfer(self, io, buffer, length, offset, -1, EVT_WRITABLE);
 }
+
+/*
+ * io_pread(io, buffer, from, length, offset) -> Integer
+ *
+ * As io_read, at file position +from+ (which does not move). Returns the bytes read, or -errno
+ * (-ESPIPE for a pipe or socket, as pread(2) says).
+ */
+static VALUE
+loop_io_pread(VALUE self, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
+{
+    off_t position = NUM2OFFT(from);
+    if (position < 0) return INT2FIX(-EINVAL); /* as pread(2) says; Ruby names the file */
+    return io_transfer(self, io, buffer, length, offset, position, EVT_READABLE);
+}
+
+/*
+ * io_pwrite(io, buffer, from, length, offset) -> Integer
+ *
+ * As io_write, at file position +from+ (which does not move). Returns the bytes written, or -errno.
+ */
+static VALUE
+loop_io_pwrite(VALUE self, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
+{
+    off_t position = NUM2OFFT(from);
+    if (position < 0) return INT2FIX(-EINVAL);
+    return io_transfer(self, io, buffer, length, offset, position, EVT_WRITABLE);
+}
+
+/* ---- io_select ---------------------------------------------------------------------------------- */
+
+struct select_call {
+    VALUE sets[3];                 /* the arrays given, or nil */
+    struct pollfd *pollfds;
+    struct evt_selection selection;
+};
+
+static const int select_events[3] = {EVT_READABLE, EVT_WRITABLE, EVT_PRIORITY};
+
+/* Polls every IO at once without waiting: the [readable, writable, exceptional] arrays of the
+ * objects given, or nil when none is ready. Data already in an IO's read buffer counts as
+ * readable, as IO.select has it. */
+static VALUE
+select_now(struct select_call *call)
+{
+    long count = call->selection.count;
+    int n = 0;
+    if (count) {
+        do n = poll(call->pollfds, (nfds_t)count, 0);
+        while (n < 0 && errno == EINTR);
+        if (n < 0) rb_sys_fail("poll");
+    }
+    for (long i = 0; i < count; i++) {
+        if (call->selection.events[i] == EVT_READABLE && !(call->pollfds[i].revents & POLLIN) &&
+            rb_io_read_pending(RFILE(call->selection.ios[i])->fptr)) {
+            call->pollfds[i].revents |= POLLIN;
+            n++;
+        }
+    }
+    if (n == 0) return Qnil;
+
+    VALUE result = rb_ary_new_capa(3);
+    long i = 0;
+    for (int set = 0; set < 3; set++) {
+        VALUE ready = rb_ary_new();
+        long length = NIL_P(call->sets[set]) ? 0 : RARRAY_LEN(call->sets[set]);
+        for (long j = 0; j < length; j++, i++) {
+            short revents = call->pollfds[i].revents;
+            if (revents & POLLNVAL) rb_syserr_fail(EBADF, "select");
+            int hit = set == 0 ? revents & (POLLIN | POLLHUP | POLLERR)
+                    : set == 1 ? revents & (POLLOUT | POLLERR)
+                               : revents & POLLPRI;
+            if (hit) rb_ary_push(ready, RARRAY_AREF(call->sets[set], j));
+        }
+        rb_ary_push(result, ready);
+    }
+    return result;
+}
+
+/*
+ * io_select(readables, writables = nil, exceptables = nil, timeout = nil) -> Array or nil
+ *
+ * IO.select without a thread: every IO is watched by the loop at once, the fiber wakes on the first
+ * readiness or the timeout, and gets what IO.select gives: the ready objects of each array, or nil
+ * when the time ran out.
+ */
+static VALUE
+loop_io_select(int argc, VALUE *argv, VALUE self)
+{
+    rb_check_arity(argc, 1, 4);
+    struct select_call call = {{argv[0], argc > 1 ? argv[1] : Qnil, argc > 2 ? argv[2] : Qnil}};
+    long count = 0;
+    for (int set = 0; set < 3; set++) {
+        if (NIL_P(call.sets[set])) continue;
+        Check_Type(call.sets[set], T_ARRAY);
+        count += RARRAY_LEN(call.sets[set]);
+    }
+    int64_t timeout = timeout_ns(argc > 3 ? argv[3] : Qnil);
+    struct evt_loop *loop = loop_get(self);
+
+    VALUE buffers[5] = {0};
+    call.selection.count = count;
+    call.pollfds = ALLOCV_N(struct pollfd, buffers[0], count);
+    call.selection.ios = ALLOCV_N(VALUE, buffers[1], count);
+    call.selection.fds = ALLOCV_N(int, buffers[2], count);
+    call.selection.events = ALLOCV_N(int, buffers[3], count);
+    call.selection.waiters = ALLOCV_N(struct evt_waiter, buffers[4], count);
+    memset(call.selection.waiters, 0, sizeof(struct evt_waiter) * (size_t)count);
+    long i = 0;
+    for (int set = 0; set < 3; set++) {
+        long length = NIL_P(call.sets[set]) ? 0 : RARRAY_LEN(call.sets[set]);
+        for (long j = 0; j < length; j++, i++) {
+            VALUE io = rb_io_get_io(RARRAY_AREF(call.sets[set], j));
+            call.selection.ios[i] = io;
+            call.selection.fds[i] = rb_io_descriptor(io);
+            call.selection.events[i] = select_events[set];
+            call.pollfds[i] = (struct pollfd){.fd = call.selection.fds[i], .events = (short)select_events[set]};
+        }
+    }
+
+    VALUE result = select_now(&call);
+    int64_t deadline = timeout > 0 ? now_ns() + timeout : timeout;
+    while (NIL_P(result) && timeout != 0) {
+        struct evt_waiter w;
+        waiter_init(&w, rb_fiber_current());
+        struct evt_wait wait = {loop, &w, EVT_WAIT_SELECT, Qnil, Qnil, &call.selection, timeout, loop->forks};
+        rb_ensure(wait_body, (VALUE)&wait, wait_ensure, (VALUE)&wait);
+        result = select_now(&call);
+        if (w.result == EVT_TIMED_OUT) break;
+        if (deadline > 0 && (timeout = deadline - now_ns()) < 0) timeout = 0;
+    }
+    for (int b = 0; b < 5; b++) ALLOCV_END(buffers[b]);
+    return result;
+}
+
+/* ---- timeout_after --------------------------------------------------------------------------- */
+
+struct timeout_call {
+    struct evt_loop *loop;
+    struct evt_timeout timeout;
+};
+
+static VALUE
+timeout_yield(VALUE ptr)
+{
+    return rb_yield(((struct timeout_call *)ptr)->timeout.duration);
+}
+
+static VALUE
+timeout_cancel(VALUE ptr)
+{
+    struct timeout_call *call = (struct timeout_call *)ptr;
+    evt_timers_remove(&call->loop->timers, &call->timeout.timer); /* nothing when it fired */
+    return Qnil;
+}
+
+/*
+ * timeout_after(duration, exception_class, *arguments) { |duration| ... } -> the block's value
+ *
+ * Runs the block; if it still runs after +duration+ seconds, raises exception_class.new(*arguments)
+ * in the fiber, wherever it waits. A timer on the loop's heap: the block finishing first removes
+ * it. Timeouts nest. A negative duration has expired already: the block's first wait raises.
+ */
+static VALUE
+loop_timeout_after(int argc, VALUE *argv, VALUE self)
+{
+    rb_check_arity(argc, 2, UNLIMITED_ARGUMENTS);
+    rb_need_block();
+    /* A negative duration has already expired (the timeout gem of Ruby 3.3 says so without a
+     * scheduler; 3.4's refuses it before calling here): the first wait raises. */
+    int expired = rb_obj_is_kind_of(argv[0], rb_cNumeric) && RTEST(rb_funcall(argv[0], rb_intern("negative?"), 0));
+    int64_t duration = expired ? 0 : timeout_ns(argv[0]);
+    struct evt_loop *loop = loop_get(self);
+    if (duration < 0) return rb_yield(argv[0]); /* nil: no limit */
+    struct timeout_call call = {loop};
+    evt_timer_init(&call.timeout.timer, EVT_TIMER_TIMEOUT);
+    call.timeout.fiber = rb_fiber_current();
+    /* Made now, so a bad class fails here, in the caller, not in the loop when the time is up. */
+    call.timeout.exception = rb_make_exception(argc - 1, argv + 1);
+    call.timeout.duration = argv[0];
+    evt_timers_add(&loop->timers, &call.timeout.timer, now_ns() + duration);
+    VALUE result = rb_ensure(timeout_yield, (VALUE)&call, timeout_cancel, (VALUE)&call);
+    RB_GC_GUARD(call.timeout.exception);
+    return result;
+}
+
+/*
+ * pidfd_open(pid) -> Integer or nil
+ *
+ * A descriptor that becomes readable when process +pid+ ends (Linux 5.3), or nil where there is none.
+ */
+static VALUE
+loop_pidfd_open(VALUE self, VALUE pid)
+{
+#ifdef SYS_pidfd_open
+    int fd = (int)syscall(SYS_pidfd_open, NUM2PIDT(pid), 0);
+    if (fd >= 0) {
+        rb_update_max_fd(fd);
+        return INT2NUM(fd);
+    }
+#endif
+    return Qnil; /* ENOSYS, ESRCH, EPERM under seccomp...: the caller waits another way */
+}
+
 
 /* Blocks the current fiber until unblock or the timeout: 1 if unblocked, 0 if the time ran out. */
 static int
@@ -1027,7 +1306,8 @@ loop_fibers(VALUE self)
     VALUE set = rb_hash_new();
     EACH_WAITER(&loop->ready, ready_link, w) rb_hash_aset(set, w->fiber, Qtrue);
     for (size_t i = 0; i < loop->timers.size; i++)
-        rb_hash_aset(set, evt_container_of(loop->timers.heap[i], struct evt_waiter, timer)->fiber, Qtrue);
+        if (loop->timers.heap[i]->kind == EVT_TIMER_WAITER)
+            rb_hash_aset(set, evt_container_of(loop->timers.heap[i], struct evt_waiter, timer)->fiber, Qtrue);
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
         if (reg) EACH_WAITER(&reg->waiters, io_link, w) rb_hash_aset(set, w->fiber, Qtrue);
@@ -1108,6 +1388,10 @@ evt_loop_init(VALUE mEvt)
     rb_define_method(evt_cLoop, "kernel_sleep", loop_kernel_sleep, -1);
     rb_define_method(evt_cLoop, "block", loop_block_m, -1);
     rb_define_method(evt_cLoop, "unblock", loop_unblock, 2);
+    rb_define_method(evt_cLoop, "io_pread", loop_io_pread, 5);
+    rb_define_method(evt_cLoop, "io_pwrite", loop_io_pwrite, 5);
+    rb_define_method(evt_cLoop, "io_select", loop_io_select, -1);
+    rb_define_method(evt_cLoop, "timeout_after", loop_timeout_after, -1);
 
     rb_define_method(evt_cLoop, "run", loop_run_m, 0);
     rb_define_method(evt_cLoop, "scheduler_close", loop_scheduler_close, 0);
@@ -1118,6 +1402,7 @@ evt_loop_init(VALUE mEvt)
 
     rb_define_private_method(evt_cLoop, "start", loop_start, 1);
     rb_define_private_method(evt_cLoop, "started", loop_started, 0);
+    rb_define_private_method(evt_cLoop, "pidfd_open", loop_pidfd_open, 1);
     rb_define_private_method(evt_cLoop, "close_backend", loop_close_backend_m, 0);
     rb_define_private_method(evt_cLoop, "suspended_fibers", loop_fibers, 0);
 }

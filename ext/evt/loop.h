@@ -22,8 +22,12 @@ enum evt_waiter_state {
     EVT_READY,    /* in the ready queue, to be resumed by the loop */
 };
 
+/* Timer kinds: a waiter's deadline, or a timeout_after that raises in its fiber. */
+enum { EVT_TIMER_WAITER, EVT_TIMER_TIMEOUT };
+
 struct evt_waiter {
     VALUE fiber;
+    struct evt_waiter *owner;    /* io_select: a waiter per IO wakes this one instead of itself */
     struct evt_list ready_link;  /* in loop->ready while EVT_READY */
     struct evt_list io_link;     /* in registration->waiters while waiting on a descriptor */
     struct evt_timer timer;      /* in loop->timers while it has a deadline */
@@ -33,6 +37,14 @@ struct evt_waiter {
     unsigned char state;
     unsigned char unblockable;   /* in loop->unblockable: block and kernel_sleep */
     unsigned char allocated;     /* on the heap, not a stack: the loop frees it when it resumes it */
+};
+
+/* A timeout_after in progress, on its fiber's stack below the block it guards. */
+struct evt_timeout {
+    struct evt_timer timer;
+    VALUE fiber;
+    VALUE exception;          /* raised in fiber when the timer fires */
+    VALUE duration;
 };
 
 /* What the loop knows about one descriptor number, reused from one IO on it to the next. */

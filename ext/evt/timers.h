@@ -13,6 +13,7 @@ struct evt_timer {
     int64_t deadline;   /* monotonic clock, nanoseconds */
     uint64_t sequence;  /* insertion order, breaks ties between equal deadlines */
     size_t index;       /* position in the heap, EVT_TIMER_INACTIVE when not in it */
+    int kind;           /* what it belongs to: for its owner to tell (the heap does not look) */
 };
 
 struct evt_timers {
@@ -29,9 +30,10 @@ void evt_timers_add(struct evt_timers *timers, struct evt_timer *timer, int64_t 
 void evt_timers_remove(struct evt_timers *timers, struct evt_timer *timer);
 
 static inline void
-evt_timer_init(struct evt_timer *timer)
+evt_timer_init(struct evt_timer *timer, int kind)
 {
     timer->index = EVT_TIMER_INACTIVE;
+    timer->kind = kind;
 }
 
 static inline int

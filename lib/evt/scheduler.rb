@@ -15,6 +15,12 @@ module Evt
   # | kernel_sleep(duration = nil)           | C                              |
   # | block(blocker, timeout = nil)          | C                              |
   # | unblock(blocker, fiber)                | C, safe from any thread        |
+  # | io_pread(io, buffer, from, length, offset)  | C                         |
+  # | io_pwrite(io, buffer, from, length, offset) | C                         |
+  # | io_select(readables, writables, exceptables, timeout) | C, no thread    |
+  # | timeout_after(duration, class, *arguments) | C, on the timer heap       |
+  # | process_wait(pid, flags)               | here: pidfd, else a thread     |
+  # | address_resolve(hostname)              | here: {Resolver}'s threads     |
   # | fiber(**options, &block)               | here                           |
   # | scheduler_close                        | C, keeps $! intact             |
   # | close                                  | here                           |
@@ -70,6 +76,16 @@ module Evt
     #   @return [Boolean] true when unblocked, false when the time ran out.
     # @!method unblock(blocker, fiber)
     #   Resumes a fiber suspended in {#block} or {#kernel_sleep}. Safe from any thread.
+    # @!method io_pread(io, buffer, from, length, offset)
+    #   As io_read, at file position +from+. @return [Integer] bytes read, or -errno.
+    # @!method io_pwrite(io, buffer, from, length, offset)
+    #   As io_write, at file position +from+. @return [Integer] bytes written, or -errno.
+    # @!method io_select(readables, writables = nil, exceptables = nil, timeout = nil)
+    #   IO.select: every IO watched by the loop at once, no thread.
+    #   @return [Array<Array>, nil] the ready objects of each array, or nil when the time ran out.
+    # @!method timeout_after(duration, exception_class, *arguments, &block)
+    #   Timeout.timeout: raises exception_class.new(*arguments) in the fiber if the block still runs
+    #   after +duration+ seconds. @return the block's value.
     # @!method run
     #   Runs the loop until no fiber waits in it.
     # @!method wakeup
@@ -108,6 +124,46 @@ module Evt
 
         result
       end
+    end
+
+    # Process.wait and friends: waits for +pid+ without blocking the other fibers. A child process
+    # is watched through a pidfd in the loop; any child (pid <= 0), stop and continue reports, or a
+    # kernel without pidfd take a thread that waits instead.
+    # @return [Process::Status] (a status with pid -1 for "no such child", from which Ruby raises)
+    def process_wait(pid, flags)
+      status = Process::Status.wait(pid, flags | Process::WNOHANG)
+      return status if status || flags.anybits?(Process::WNOHANG)
+
+      if pid.positive? && flags.zero? && (descriptor = pidfd_open(pid))
+        pidfd = IO.for_fd(descriptor, autoclose: true)
+        begin
+          loop do
+            io_wait(pidfd, IO::READABLE, nil)
+            status = Process::Status.wait(pid, Process::WNOHANG)
+            return status if status
+          end
+        ensure
+          pidfd.close
+        end
+      end
+      waiter = Thread.new do
+        Thread.current.report_on_exception = false
+        Process::Status.wait(pid, flags)
+      end
+      waiter.value
+    end
+
+    # Name resolution (Addrinfo.getaddrinfo, TCPSocket.new, ...) on the {Resolver}'s threads.
+    # @return [Array<String>] addresses
+    def address_resolve(hostname)
+      (@resolver ||= Resolver.new).resolve(hostname)
+    end
+
+    # Runs every fiber to completion, releases the kernel objects and the resolver's threads.
+    def scheduler_close
+      super
+    ensure
+      @resolver&.close
     end
 
     # Runs every fiber to completion and releases the kernel objects. As the thread's scheduler, it

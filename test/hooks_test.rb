@@ -1,0 +1,286 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "timeout"
+
+# The hooks beyond the core: io_pread/io_pwrite, io_select, timeout_after, process_wait,
+# address_resolve, each with bad input giving the error Ruby gives without a scheduler.
+class HooksTest < Minitest::Test
+  # Runs the block while a fiber ticks whenever the loop runs: the count shows the block let the
+  # other fibers run.
+  def ticks_during
+    ticks = 0
+    running = true
+    Fiber.schedule do
+      while running
+        ticks += 1
+        sleep 0
+      end
+    end
+    yield
+    ticks
+  ensure
+    running = false
+  end
+
+  def test_pread_and_pwrite_on_a_file
+    Dir.mktmpdir do |dir|
+      evt do
+        File.open(File.join(dir, "data"), "w+") do |file|
+          assert_equal 5, file.pwrite("hello", 0)
+          assert_equal 5, file.pwrite("world", 10)
+          assert_equal "hello", file.pread(5, 0)
+          assert_equal "world", file.pread(5, 10)
+          assert_equal 0, file.pos, "pread and pwrite leave the position"
+        end
+      end
+    end
+  end
+
+  def test_pread_on_a_pipe_raises_as_ruby_does
+    expected = error_without_scheduler { IO.pipe.first.pread(1, 0) }
+    evt do
+      r, = IO.pipe
+      error = assert_raises(expected.class) { r.pread(1, 0) }
+      assert_equal expected.message, error.message
+    end
+  end
+
+  def test_pread_with_a_negative_offset_raises_as_ruby_does
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "data")
+      File.write(path, "data")
+      expected = error_without_scheduler { File.open(path) { |f| f.pread(1, -1) } }
+      evt do
+        File.open(path) do |file|
+          error = assert_raises(expected.class) { file.pread(1, -1) }
+          assert_equal expected.message, error.message
+        end
+      end
+    end
+  end
+
+  def test_io_select_wakes_on_the_first_ready_io_and_lets_other_fibers_run
+    result = ticks = nil
+    evt do
+      r1, = IO.pipe
+      r2, w2 = IO.pipe
+      Fiber.schedule do
+        sleep 0.02
+        w2.write("x")
+      end
+      ticks = ticks_during { result = IO.select([r1, r2], nil, nil, 5) }
+      assert_equal [[r2], [], []], result
+    end
+    assert_operator ticks, :>, 0
+  end
+
+  def test_io_select_returns_every_ready_io_of_each_kind
+    evt do
+      r1, w1 = IO.pipe
+      r2, w2 = IO.pipe
+      w1.write("a")
+      w2.write("b")
+      readable, writable, exceptional = IO.select([r1, r2], [w1], [r1], 1)
+      assert_equal [r1, r2], readable
+      assert_equal [w1], writable
+      assert_equal [], exceptional
+    end
+  end
+
+  def test_io_select_counts_data_in_the_read_buffer
+    evt do
+      r, w = IO.pipe
+      w.write("line one\nline two\n")
+      assert_equal "line one\n", r.gets # the second line now waits in r's buffer, not the pipe
+      assert_equal [[r], [], []], IO.select([r], nil, nil, 0)
+    end
+  end
+
+  def test_io_select_times_out_with_nil
+    result = :unset
+    time = elapsed { evt { result = IO.select([IO.pipe.first], nil, nil, 0.05) } }
+    assert_nil result
+    assert_operator time, :>=, 0.05
+  end
+
+  def test_io_select_accepts_objects_with_to_io_and_returns_them
+    wrapper = Struct.new(:to_io)
+    evt do
+      r, w = IO.pipe
+      w.write("x")
+      given = wrapper.new(r)
+      assert_equal [[given], [], []], IO.select([given], nil, nil, 1)
+    end
+  end
+
+  def test_io_select_with_nothing_to_watch_sleeps_for_the_timeout
+    time = elapsed { evt { assert_nil IO.select([], [], [], 0.03) } }
+    assert_operator time, :>=, 0.03
+  end
+
+  def test_io_select_bad_input_raises_as_ruby_does
+    closed = IO.pipe.first.tap(&:close)
+    cases = {
+      "a closed IO" => -> { IO.select([closed], nil, nil, 0) },
+      "a non-array" => -> { IO.select(IO.pipe.first, nil, nil, 0) },
+      "a non-IO element" => -> { IO.select([42], nil, nil, 0) },
+      "a negative timeout" => -> { IO.select([IO.pipe.first], nil, nil, -1) },
+      "a non-numeric timeout" => -> { IO.select([IO.pipe.first], nil, nil, "1") },
+    }
+    cases.each do |what, call|
+      expected = error_without_scheduler(&call)
+      evt do
+        error = assert_raises(expected.class, what, &call)
+        assert_equal expected.message, error.message, what
+      end
+    end
+  end
+
+  def test_timeout_raises_in_a_waiting_fiber_and_others_run
+    error = ticks = nil
+    evt do
+      ticks = ticks_during do
+        error = assert_raises(Timeout::Error) { Timeout.timeout(0.03) { sleep 5 } }
+      end
+    end
+    assert_equal "execution expired", error.message
+    assert_operator ticks, :>, 0
+  end
+
+  def test_timeout_gives_the_block_value_when_it_finishes_first
+    evt { assert_equal :done, Timeout.timeout(5) { :done } }
+  end
+
+  def test_a_finished_timeout_leaves_no_timer_behind
+    time = elapsed { evt { Timeout.timeout(5) { sleep 0.001 } } }
+    assert_operator time, :<, 2, "a leftover 5 s timer would keep the loop alive"
+  end
+
+  def test_nested_timeouts
+    evt do
+      inner = assert_raises(Timeout::Error) { Timeout.timeout(5) { Timeout.timeout(0.02) { sleep 5 } } }
+      assert_equal "execution expired", inner.message
+      outer = Class.new(StandardError)
+      assert_raises(outer) { Timeout.timeout(0.02, outer) { Timeout.timeout(5) { sleep 5 } } }
+    end
+  end
+
+  def test_timeout_with_a_class_and_message
+    custom = Class.new(StandardError)
+    evt do
+      error = assert_raises(custom) { Timeout.timeout(0.01, custom, "too slow") { sleep 5 } }
+      assert_equal "too slow", error.message
+    end
+  end
+
+  def test_timeout_interrupts_io
+    evt do
+      r, = IO.pipe
+      assert_raises(Timeout::Error) { Timeout.timeout(0.02) { r.read(1) } }
+    end
+  end
+
+  def test_timeout_after_with_a_non_numeric_duration_raises_as_sleep_does
+    expected = error_without_scheduler { sleep("1") }
+    evt do
+      error = assert_raises(expected.class) { Fiber.scheduler.timeout_after("1", Timeout::Error, "x") { nil } }
+      assert_equal expected.message, error.message
+    end
+  end
+
+  # Ruby 3.4's timeout gem refuses a negative duration; 3.3's treats it as already expired (a block
+  # that waits is interrupted, one that does not finishes). Whichever this Ruby does, evt does too.
+  def test_a_negative_timeout_behaves_as_without_a_scheduler
+    outcome = lambda do |&block|
+      Timeout.timeout(-1, &block)
+    rescue StandardError => e
+      e.class
+    end
+    expected = [outcome.call { :ran }, outcome.call { sleep 0.01 }]
+    actual = nil
+    evt { actual = [outcome.call { :ran }, outcome.call { sleep 0.01 }] }
+    assert_equal expected, actual
+  end
+
+  def test_process_wait_lets_other_fibers_run
+    status = ticks = nil
+    evt do
+      pid = Process.spawn("sleep 0.05")
+      ticks = ticks_during { _, status = Process.wait2(pid) }
+    end
+    assert status.success?
+    assert_operator ticks, :>, 0
+  end
+
+  def test_process_wait_for_any_child
+    status = ticks = nil
+    evt do
+      pid = Process.spawn("sh", "-c", "sleep 0.05; exit 3")
+      ticks = ticks_during { status = Process::Status.wait(-1, 0) }
+      assert_equal pid, status.pid
+    end
+    assert_equal 3, status.exitstatus
+    assert_operator ticks, :>, 0
+  end
+
+  def test_process_wait_with_wnohang
+    evt do
+      pid = Process.spawn("sleep 0.05")
+      assert_nil Process.wait(pid, Process::WNOHANG)
+      assert_equal pid, Process.wait(pid)
+    end
+  end
+
+  def test_process_wait_for_a_pid_that_is_not_a_child_raises_as_ruby_does
+    expected = error_without_scheduler { Process.wait(999_999) }
+    evt do
+      error = assert_raises(expected.class) { Process.wait(999_999) }
+      assert_equal expected.message, error.message
+    end
+  end
+
+  def test_address_resolve_lets_other_fibers_run
+    addresses = ticks = nil
+    evt { ticks = ticks_during { addresses = Addrinfo.getaddrinfo("localhost", 80, nil, :STREAM).map(&:ip_address) } }
+    assert_includes addresses, "127.0.0.1"
+    assert_operator ticks, :>, 0
+  end
+
+  def test_address_resolve_of_literals_and_zones
+    evt do
+      scheduler = Fiber.scheduler
+      assert_equal ["127.0.0.1"], scheduler.address_resolve("127.0.0.1")
+      assert_equal ["::1"], scheduler.address_resolve("::1")
+      assert_equal ["::1"], scheduler.address_resolve("::1%lo"), "the zone cannot come through Ruby's numeric parse"
+      assert_includes scheduler.address_resolve("localhost%lo"), "127.0.0.1"
+    end
+  end
+
+  def test_an_unknown_host_raises_as_ruby_does
+    expected = error_without_scheduler { Addrinfo.getaddrinfo("nonexistent.invalid", 80) }
+    evt do
+      error = assert_raises(expected.class) { Addrinfo.getaddrinfo("nonexistent.invalid", 80) }
+      assert_equal expected.message, error.message
+      assert_kind_of Socket::ResolutionError, error
+    end
+  end
+
+  def test_resolution_works_after_fork
+    report = nil
+    evt do
+      Addrinfo.getaddrinfo("localhost", 80) # the resolver's threads start in the parent
+      r, w = IO.pipe
+      pid = fork do
+        r.close
+        w.write(Addrinfo.getaddrinfo("localhost", 80, nil, :STREAM).map(&:ip_address).include?("127.0.0.1").to_s)
+        w.close
+        exit!(0)
+      end
+      w.close
+      report = r.read
+      Process.wait(pid)
+    end
+    assert_equal "true", report
+  end
+end
