@@ -60,6 +60,28 @@ class HooksTest < Minitest::Test
     end
   end
 
+  def test_pread_and_pwrite_on_a_closed_io_raise_as_ruby_does
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "data")
+      File.write(path, "data")
+      [->(f) { f.pread(1, 0) }, ->(f) { f.pwrite("x", 0) }].each do |call|
+        expected = error_without_scheduler { call.call(File.open(path, "r+").tap(&:close)) }
+        evt do
+          error = assert_raises(expected.class) { call.call(File.open(path, "r+").tap(&:close)) }
+          assert_equal expected.message, error.message
+        end
+      end
+    end
+  end
+
+  def test_io_wait_with_a_non_numeric_timeout_raises_as_ruby_does
+    expected = error_without_scheduler { IO.pipe.first.wait_readable("1") }
+    evt do
+      error = assert_raises(expected.class) { IO.pipe.first.wait_readable("1") }
+      assert_equal expected.message, error.message
+    end
+  end
+
   def test_io_select_wakes_on_the_first_ready_io_and_lets_other_fibers_run
     result = ticks = nil
     evt do
