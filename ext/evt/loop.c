@@ -823,6 +823,20 @@ loop_io_wait(VALUE self, VALUE io, VALUE events_value, VALUE timeout_value)
  * end of file or an error. When nothing could be transferred and `length` is 0, returns -EAGAIN
  * rather than waiting: Ruby's blocking reads and writes then call io_wait and try again, while
  * read_nonblock and write_nonblock (which come here too) must not wait. */
+/* Whether `base` is the IO's own read buffer. Ruby fills it only from io_fillbuf (gets, read,
+ * each_line, eof?...), which waits and tries again after EAGAIN whatever happens: such a read may
+ * wait here, saving the round trip through io_wait. read_nonblock and readpartial read into the
+ * caller's string instead, and must not wait. */
+static int
+internal_read_buffer(VALUE io, const void *base)
+{
+    if (!RB_TYPE_P(io, T_FILE) || !RFILE(io)->fptr) return 0;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    return RFILE(io)->fptr->rbuf.ptr == base;
+#pragma GCC diagnostic pop
+}
+
 static VALUE
 io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset_value, off_t position, int events)
 {
@@ -830,6 +844,12 @@ io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset
     int fd = rb_io_descriptor(io);
     size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
     struct evt_registration *reg = transfer_registration(loop, io, fd);
+    if (length == 0 && events == EVT_READABLE && position < 0) {
+        const void *base;
+        size_t size;
+        rb_io_buffer_get_bytes_for_reading(buffer, &base, &size);
+        if (internal_read_buffer(io, base)) length = 1;
+    }
     for (;;) {
         void *base;
         size_t size;
