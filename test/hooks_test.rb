@@ -37,6 +37,18 @@ class HooksTest < Minitest::Test
     end
   end
 
+  # Ruby 3.3 and 3.4 call io_pwrite without the GVL (IO#pwrite's blocking region): a hook that
+  # suspended the fiber there broke Ruby's thread scheduler, and threads made later hung.
+  def test_pwrite_in_a_fiber_leaves_threads_working
+    Dir.mktmpdir do |dir|
+      evt do
+        3.times { |i| Fiber.schedule { File.open(File.join(dir, "f#{i}"), "w") { |f| f.pwrite("data", 0) } } }
+      end
+      assert_equal [:joined] * 3, Array.new(3) { Thread.new { sleep 0.01 }.join && :joined }
+      assert_equal "data", File.read(File.join(dir, "f0"))
+    end
+  end
+
   def test_pread_on_a_pipe_raises_as_ruby_does
     expected = error_without_scheduler { IO.pipe.first.pread(1, 0) }
     evt do

@@ -31,7 +31,8 @@ enum { EVT_SPURIOUS = 0, EVT_TIMED_OUT = -1 };
 enum {
     EVT_REG_CHECKED = 1,   /* O_NONBLOCK and file type looked at */
     EVT_REG_BLOCKING = 2,  /* a descriptor in blocking mode, not a socket: poll before every transfer */
-    EVT_REG_SOCKET = 4,    /* a socket in blocking mode: transfer with MSG_DONTWAIT */
+    EVT_REG_SOCKET = 4,    /* a socket: transfer with MSG_DONTWAIT (recv, send) */
+    EVT_REG_FILE = 8,      /* a regular file or block device: never waits for readiness */
 };
 
 /* Counts forks: every child increments it at once, so a loop can tell it was inherited. */
@@ -87,6 +88,7 @@ loop_mark(void *ptr)
     rb_gc_mark_movable(loop->current);
     rb_gc_mark_movable(loop->thread);
     EACH_WAITER(&loop->ready, ready_link, w) rb_gc_mark(w->fiber);
+    EACH_WAITER(&loop->operations, io_link, w) rb_gc_mark(w->fiber);
     for (size_t i = 0; i < loop->timers.size; i++) {
         struct evt_timer *timer = loop->timers.heap[i];
         if (timer->kind == EVT_TIMER_WAITER) {
@@ -184,6 +186,7 @@ loop_alloc(VALUE klass)
     loop->thread = Qnil;
     evt_list_init(&loop->ready);
     evt_list_init(&loop->allocated);
+    evt_list_init(&loop->operations);
     evt_timers_init(&loop->timers);
     loop->unblockable = st_init_numtable();
     loop->forks = evt_forks;
@@ -212,6 +215,7 @@ loop_after_fork(struct evt_loop *loop)
     loop_close_backend(loop);
     EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);
     evt_list_init(&loop->allocated);
+    evt_list_init(&loop->operations);
     evt_list_init(&loop->ready);
     loop->ready_count = 0;
     evt_timers_clear(&loop->timers);
@@ -254,6 +258,7 @@ loop_owned(VALUE self)
             rb_raise(rb_eThreadError, "evt: this scheduler belongs to another thread, where fibers wait in it");
         loop->thread = thread;
         loop->loop_fiber = loop->current = rb_fiber_current();
+        loop_close_backend(loop); /* reopened by the new thread: a ring may take one submitter only */
     }
     return loop;
 }
@@ -351,7 +356,7 @@ waiter_detach(struct evt_loop *loop, struct evt_waiter *w)
 {
     if (evt_list_linked(&w->io_link)) {
         evt_list_remove(&w->io_link);
-        registration_leave(loop, w);
+        if (w->fd >= 0) registration_leave(loop, w); /* else it was in loop->operations */
     }
     if (evt_timer_active(&w->timer)) evt_timers_remove(&loop->timers, &w->timer);
     if (w->unblockable) {
@@ -398,6 +403,14 @@ evt_loop_io_ready(struct evt_loop *loop, int fd, uint32_t generation, int events
             waiter_wake(loop, w, ready);
         }
     }
+}
+
+void
+evt_loop_op_done(struct evt_loop *loop, struct evt_op *op, long result)
+{
+    op->result = result;
+    op->pending = 0;
+    waiter_wake(loop, op->waiter, 1); /* nothing when its fiber is already on its way out */
 }
 
 /* ---- running ---------------------------------------------------------------------------------- */
@@ -564,7 +577,7 @@ loop_run(struct evt_loop *loop, struct evt_waiter *until)
 
 /* ---- suspending ---------------------------------------------------------------------------------- */
 
-enum evt_wait_kind { EVT_WAIT_IO, EVT_WAIT_BLOCK, EVT_WAIT_YIELD, EVT_WAIT_START, EVT_WAIT_SELECT };
+enum evt_wait_kind { EVT_WAIT_IO, EVT_WAIT_BLOCK, EVT_WAIT_YIELD, EVT_WAIT_START, EVT_WAIT_SELECT, EVT_WAIT_OP };
 
 /* io_select's IOs: a waiter each, all waking the select's own waiter. */
 struct evt_selection {
@@ -587,6 +600,9 @@ struct evt_wait {
     struct evt_selection *selection; /* EVT_WAIT_SELECT */
     int64_t timeout;   /* -1: none */
     unsigned forks;
+    struct evt_op *op; /* EVT_WAIT_OP */
+    VALUE buffer;      /* EVT_WAIT_OP: the IO::Buffer, locked by us while the kernel may write to it */
+    int locked;
 };
 
 /* Hangs a waiter on its descriptor's registration, arming the backend when the interest grows.
@@ -646,6 +662,21 @@ wait_body(VALUE ptr)
         st_insert(loop->unblockable, (st_data_t)w->fiber, (st_data_t)w);
         w->unblockable = 1;
         break;
+    case EVT_WAIT_OP: {
+        void *base;
+        size_t size;
+        if (!(rb_io_buffer_get_bytes(wait->buffer, &base, &size) & RB_IO_BUFFER_LOCKED)) {
+            rb_io_buffer_lock(wait->buffer); /* no resize or free while the kernel holds it */
+            wait->locked = 1;
+        }
+        wait->op->waiter = w;
+        /* In no other structure: the list keeps the fiber (and its stack, which the kernel may be
+         * writing to) alive for the GC. */
+        evt_list_append(&loop->operations, &w->io_link);
+        int err = loop->backend->transfer(loop, wait->op);
+        if (err < 0) evt_loop_op_done(loop, wait->op, err);
+        break;
+    }
     case EVT_WAIT_YIELD:
     case EVT_WAIT_START:
         waiter_wake(loop, w, EVT_SPURIOUS);
@@ -668,6 +699,12 @@ wait_ensure(VALUE ptr)
     struct evt_loop *loop = wait->loop;
     struct evt_waiter *w = wait->waiter;
     if (wait->forks != loop->forks) return Qnil; /* resumed in a child: the loop no longer knows it */
+    if (wait->kind == EVT_WAIT_OP) {
+        /* Left early (a timeout, Fiber#raise, kill): the kernel must be done with the buffer before
+         * this frame and the buffer go. */
+        if (wait->op->pending) loop->backend->cancel(loop, wait->op);
+        if (wait->locked) rb_io_buffer_unlock(wait->buffer);
+    }
     if (wait->kind == EVT_WAIT_SELECT) {
         for (long i = 0; i < wait->selection->count; i++) {
             struct evt_waiter *secondary = &wait->selection->waiters[i];
@@ -695,7 +732,7 @@ static int
 loop_suspend(struct evt_loop *loop, struct evt_waiter *w, enum evt_wait_kind kind, VALUE io, VALUE target,
              int64_t timeout)
 {
-    struct evt_wait wait = {loop, w, kind, io, target, NULL, timeout, loop->forks};
+    struct evt_wait wait = {loop, w, kind, io, target, NULL, timeout, loop->forks, NULL, Qnil, 0};
     rb_ensure(wait_body, (VALUE)&wait, wait_ensure, (VALUE)&wait);
     return w->result;
 }
@@ -759,7 +796,8 @@ transfer_registration(struct evt_loop *loop, VALUE io, int fd)
             struct stat st;
             if (fstat(fd, &st) < 0) rb_sys_fail("fstat");
             if (S_ISSOCK(st.st_mode)) reg->flags |= EVT_REG_SOCKET;
-            else if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) reg->flags |= EVT_REG_BLOCKING;
+            else if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) reg->flags |= EVT_REG_FILE;
+            else reg->flags |= EVT_REG_BLOCKING;
         }
     }
     return reg;
@@ -837,6 +875,20 @@ internal_read_buffer(VALUE io, const void *base)
 #pragma GCC diagnostic pop
 }
 
+/* One transfer done by the backend (io_uring): submits it and waits for its completion under the
+ * IO's timeout. Returns bytes or -errno; *timed_out when the time ran out with nothing done. */
+static long
+transfer_by_backend(struct evt_loop *loop, VALUE io, VALUE buffer, struct evt_op *op, int *timed_out)
+{
+    struct evt_waiter w;
+    waiter_init(&w, rb_fiber_current());
+    struct evt_wait wait = {loop, &w, EVT_WAIT_OP, io, Qnil, NULL, timeout_ns(rb_io_timeout(io)), loop->forks,
+                            op, buffer, 0};
+    rb_ensure(wait_body, (VALUE)&wait, wait_ensure, (VALUE)&wait);
+    *timed_out = w.result == EVT_TIMED_OUT && op->result <= 0;
+    return op->result;
+}
+
 static VALUE
 io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset_value, off_t position, int events)
 {
@@ -859,12 +911,41 @@ io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset
         if (offset > size)
             rb_raise(rb_eArgError, "offset %" PRIuSIZE " is past the end of the buffer (%" PRIuSIZE " bytes)",
                      offset, size);
-        ssize_t n = transfer_once(reg, fd, events, (char *)base + offset, size - offset,
-                                  position < 0 ? -1 : position + (off_t)total);
+        ssize_t n;
+        if (loop->backend->transfer && (position < 0 || (reg->flags & EVT_REG_FILE))) {
+            /* Files never wait for readiness; anything else may only when more must come. */
+            struct evt_op op = {
+                .fd = fd, .events = events, .base = (char *)base + offset, .size = size - offset,
+                .position = position < 0 ? -1 : position + (off_t)total,
+                .nowait = total >= length && !(reg->flags & EVT_REG_FILE),
+                .socket = (reg->flags & EVT_REG_SOCKET) && position < 0,
+            };
+            int timed_out;
+            long result = transfer_by_backend(loop, io, buffer, &op, &timed_out);
+            /* Closed while the kernel had it: the result belongs to no one (the epoll backend raises
+             * the same when it looks again after waiting). */
+            if (RB_TYPE_P(io, T_FILE)) rb_io_check_closed(RFILE(io)->fptr);
+            if (timed_out) rb_raise(rb_eIOTimeoutError, "Blocking operation timed out!");
+            if (result < 0) {
+                errno = (int)-result;
+                n = -1;
+            }
+            else {
+                n = result;
+            }
+        }
+        else {
+            n = transfer_once(reg, fd, events, (char *)base + offset, size - offset,
+                              position < 0 ? -1 : position + (off_t)total);
+        }
         if (n > 0) {
             total += n;
             offset += n;
             if (total >= length) break;
+            if (loop->backend->transfer && (position < 0 || (reg->flags & EVT_REG_FILE))) {
+                fd = rb_io_descriptor(io); /* it waited: the IO may have been closed meanwhile */
+                reg = transfer_registration(loop, io, fd);
+            }
             continue;
         }
         if (n == 0) break; /* end of file, or a full buffer */
@@ -931,14 +1012,39 @@ loop_io_pread(VALUE self, VALUE io, VALUE buffer, VALUE from, VALUE length, VALU
 /*
  * io_pwrite(io, buffer, from, length, offset) -> Integer
  *
- * As io_write, at file position +from+ (which does not move). Returns the bytes written, or -errno.
+ * pwrite(2) at file position +from+ (which does not move). Returns the bytes written, or -errno.
+ *
+ * Ruby 3.3 and 3.4 call this hook from IO#pwrite without the GVL: inside the blocking region of
+ * io.c's internal_pwrite_func. So it must not suspend the fiber, raise, allocate, or touch the
+ * loop: it writes at once, as Ruby does without a scheduler (a file write may wait for the disk).
  */
 static VALUE
-loop_io_pwrite(VALUE self, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
+loop_io_pwrite(VALUE self, VALUE io, VALUE buffer, VALUE from, VALUE length_value, VALUE offset_value)
 {
     off_t position = NUM2OFFT(from);
+    size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
     if (position < 0) return INT2FIX(-EINVAL);
-    return io_transfer(self, io, buffer, length, offset, position, EVT_WRITABLE);
+    if (!RB_TYPE_P(io, T_FILE) || !RFILE(io)->fptr) return INT2FIX(-EBADF);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    int fd = RFILE(io)->fptr->fd; /* rb_io_descriptor raises, which needs the GVL */
+#pragma GCC diagnostic pop
+    if (fd < 0) return INT2FIX(-EBADF);
+    const void *base;
+    size_t size;
+    rb_io_buffer_get_bytes_for_reading(buffer, &base, &size);
+    if (offset > size) return INT2FIX(-EINVAL);
+    do {
+        ssize_t n = pwrite(fd, (const char *)base + offset + total, size - offset - total, position + (off_t)total);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            if (total) break;
+            return INT2FIX(-errno);
+        }
+        if (n == 0) break;
+        total += n;
+    } while (total < length && offset + total < size);
+    return SIZET2NUM(total);
 }
 
 /* ---- io_select ---------------------------------------------------------------------------------- */
@@ -1037,7 +1143,7 @@ loop_io_select(int argc, VALUE *argv, VALUE self)
     while (NIL_P(result) && timeout != 0) {
         struct evt_waiter w;
         waiter_init(&w, rb_fiber_current());
-        struct evt_wait wait = {loop, &w, EVT_WAIT_SELECT, Qnil, Qnil, &call.selection, timeout, loop->forks};
+        struct evt_wait wait = {loop, &w, EVT_WAIT_SELECT, Qnil, Qnil, &call.selection, timeout, loop->forks, NULL, Qnil, 0};
         rb_ensure(wait_body, (VALUE)&wait, wait_ensure, (VALUE)&wait);
         result = select_now(&call);
         if (w.result == EVT_TIMED_OUT) break;
@@ -1332,6 +1438,7 @@ loop_fibers(VALUE self)
         struct evt_registration *reg = loop->registrations[fd];
         if (reg) EACH_WAITER(&reg->waiters, io_link, w) rb_hash_aset(set, w->fiber, Qtrue);
     }
+    EACH_WAITER(&loop->operations, io_link, w) rb_hash_aset(set, w->fiber, Qtrue);
     st_foreach(loop->unblockable, collect_key, (st_data_t)set);
     rb_hash_delete(set, rb_fiber_current());
     return rb_funcall(set, rb_intern("keys"), 0);
@@ -1360,8 +1467,8 @@ loop_initialize(VALUE self, VALUE name)
     if (loop->backend) rb_raise(rb_eRuntimeError, "evt: loop already initialized");
     const struct evt_backend *backend = backend_named(name);
     if (!backend) rb_raise(rb_eArgError, "evt: unknown backend %" PRIsVALUE, rb_inspect(name));
-    int err = backend->probe();
-    if (err < 0) rb_raise(rb_eArgError, "evt: the %s backend cannot run here: %s", backend->name, strerror(-err));
+    const char *reason = backend->probe();
+    if (reason) rb_raise(rb_eArgError, "evt: the %s backend cannot run here: %s", backend->name, reason);
     loop->backend = backend;
     loop->loop_fiber = loop->current = rb_fiber_current();
     loop->thread = rb_thread_current();
@@ -1384,8 +1491,8 @@ loop_s_probe(VALUE klass, VALUE name)
 {
     const struct evt_backend *backend = backend_named(name);
     if (!backend) return rb_str_new_cstr("unknown backend");
-    int err = backend->probe();
-    return err < 0 ? rb_str_new_cstr(strerror(-err)) : Qnil;
+    const char *reason = backend->probe();
+    return reason ? rb_str_new_cstr(reason) : Qnil;
 }
 
 void
