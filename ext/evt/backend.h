@@ -10,6 +10,7 @@
 
 struct evt_loop;
 struct evt_registration;
+struct evt_waiter;
 
 /* Events, with the values of Ruby's IO::READABLE, IO::PRIORITY and IO::WRITABLE (poll(2)'s bits). */
 enum {
@@ -19,10 +20,26 @@ enum {
     EVT_EVENTS = EVT_READABLE | EVT_PRIORITY | EVT_WRITABLE,
 };
 
+/* A transfer a backend does itself (io_uring): read into or write from [base, base + size) on fd,
+ * at `position` when it is not negative. On its own stack of the waiting fiber; the backend calls
+ * evt_loop_op_done() when the kernel reports the result, and not after cancel() has returned. */
+struct evt_op {
+    struct evt_waiter *waiter;
+    int fd;
+    int events;        /* EVT_READABLE: read; EVT_WRITABLE: write */
+    void *base;
+    size_t size;
+    int64_t position;  /* -1: none */
+    int nowait;        /* fail with -EAGAIN rather than wait for the descriptor to be ready */
+    int socket;        /* use recv/send */
+    int pending;       /* submitted, result not reaped yet */
+    long result;       /* bytes, or -errno */
+};
+
 struct evt_backend {
     const char *name;
-    /* 0 when this backend can run on this machine, else -errno saying why not. */
-    int (*probe)(void);
+    /* NULL when this backend can run on this machine, else why not (said once, then remembered). */
+    const char *(*probe)(void);
     /* Creates the kernel objects and sets loop->backend_data. 0, or -errno. */
     int (*open)(struct evt_loop *loop);
     /* Releases them. Also called in a forked child, for the copies it inherited. */
@@ -40,11 +57,19 @@ struct evt_backend {
     void (*dispatch)(struct evt_loop *loop);
     /* Ends a wait in progress. Any thread, async-signal-safe. */
     void (*wakeup)(struct evt_loop *loop);
+
+    /* Optional: transfers done by the backend. Submits op: 0, or -errno when it cannot (the core
+     * then does the transfer itself). */
+    int (*transfer)(struct evt_loop *loop, struct evt_op *op);
+    /* Stops a pending op and returns once its completion is reaped: the kernel is done with the
+     * memory. May dispatch other completions meanwhile. */
+    void (*cancel)(struct evt_loop *loop, struct evt_op *op);
 };
 
 /* The backends this build has, fastest first, NULL-terminated. */
 extern const struct evt_backend *const evt_backends[];
 
 extern const struct evt_backend evt_backend_epoll;
+extern const struct evt_backend evt_backend_uring;
 
 #endif

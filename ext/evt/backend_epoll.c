@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -26,13 +27,13 @@ struct epoll_backend {
     struct epoll_event *events;
 };
 
-static int
+static const char *
 epoll_probe(void)
 {
     int fd = epoll_create1(EPOLL_CLOEXEC);
-    if (fd < 0) return -errno;
+    if (fd < 0) return strerror(errno);
     (void)close(fd);
-    return 0;
+    return NULL;
 }
 
 static int

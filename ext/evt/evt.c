@@ -2,6 +2,9 @@
 #include "loop.h"
 
 const struct evt_backend *const evt_backends[] = {
+#ifdef HAVE_LIBURING_H
+    &evt_backend_uring,
+#endif
 #ifdef HAVE_SYS_EPOLL_H
     &evt_backend_epoll,
 #endif

@@ -29,7 +29,8 @@ struct evt_waiter {
     VALUE fiber;
     struct evt_waiter *owner;    /* io_select: a waiter per IO wakes this one instead of itself */
     struct evt_list ready_link;  /* in loop->ready while EVT_READY */
-    struct evt_list io_link;     /* in registration->waiters while waiting on a descriptor */
+    struct evt_list io_link;     /* in registration->waiters while waiting on a descriptor, or in
+                                    loop->operations while a transfer by the backend is pending */
     struct evt_timer timer;      /* in loop->timers while it has a deadline */
     int fd;
     int events;                  /* what it waits for on fd */
@@ -59,6 +60,7 @@ struct evt_registration {
     int interest;             /* backend: events the kernel was last asked for */
     int trusted;              /* backend: the kernel registration belongs to io and generation */
     int index;                /* backend: slot of its own (poll) */
+    uint32_t serial;          /* backend: which of its requests for this descriptor is current */
 };
 
 struct evt_loop {
@@ -70,6 +72,7 @@ struct evt_loop {
     struct evt_list ready;
     size_t ready_count;
     struct evt_list allocated; /* waiters on the heap (for fibers that switched away), by io_link */
+    struct evt_list operations; /* waiters of transfers the backend does, by io_link */
     struct evt_timers timers;
     st_table *unblockable;    /* fiber -> waiter, for unblock */
     struct evt_registration **registrations;  /* by descriptor, allocated on first use */
@@ -86,6 +89,9 @@ extern VALUE evt_cLoop;
 /* Called by backends from dispatch() for each descriptor event (EVT_* bits, plus both directions on
  * errors and hang-ups). */
 void evt_loop_io_ready(struct evt_loop *loop, int fd, uint32_t generation, int events);
+
+/* Called by backends when a direct transfer (struct evt_op) completed with `result`. */
+void evt_loop_op_done(struct evt_loop *loop, struct evt_op *op, long result);
 
 void evt_loop_init(VALUE mEvt);
 

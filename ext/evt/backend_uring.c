@@ -1,0 +1,326 @@
+/* The io_uring backend (Linux 5.11 and later).
+ *
+ * Everything goes through one ring, and the ring goes to the kernel once per loop iteration:
+ * requests queue up in the submission queue while fibers run and are submitted together with the
+ * wait (io_uring_submit_and_wait_timeout). Transfers are done by the ring itself (recv, send,
+ * read, write into the caller's memory); readiness (io_wait, io_select) is a one-shot poll request
+ * per descriptor; another thread ends a wait by writing to an eventfd the ring is reading.
+ *
+ * Features are probed at run time, never taken from liburing's headers: the kernel may be older
+ * or newer than the library. */
+#include "loop.h"
+
+#ifdef HAVE_LIBURING_H
+
+#include <errno.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <liburing.h>
+
+/* A request's user_data: a struct evt_op pointer (8-aligned, tag 0), or a tagged value. */
+enum { TAG_OP = 0, TAG_POLL = 1, TAG_WAKEUP = 2, TAG_IGNORE = 3, TAG_MASK = 3 };
+
+#define RING_ENTRIES 256
+#define COMPLETION_ENTRIES 16384
+
+struct uring_backend {
+    struct io_uring ring;
+    int wakeup_fd;
+    uint64_t wakeup_value; /* the eventfd read lands here */
+};
+
+static uint64_t
+poll_data(int fd, uint32_t serial)
+{
+    return ((uint64_t)serial << 34) | ((uint64_t)(uint32_t)fd << 2) | TAG_POLL;
+}
+
+/* ---- probing -------------------------------------------------------------------------------- */
+
+static const char *probe_reason;
+static int probed;
+static unsigned setup_flags; /* the flags a ring was last made with here */
+
+static const unsigned setup_choices[] = {
+    IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_SUBMIT_ALL, /* 6.1 */
+    IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL,                               /* 5.19, 5.18 */
+    0,
+};
+
+/* Makes a ring with the best setup flags this kernel takes. 0 or -errno. */
+static int
+ring_create(struct io_uring *ring)
+{
+    int err = -EINVAL;
+    for (size_t i = 0; i < sizeof(setup_choices) / sizeof(setup_choices[0]); i++) {
+        struct io_uring_params params;
+        memset(&params, 0, sizeof(params));
+        params.flags = setup_choices[i] | IORING_SETUP_CQSIZE;
+        params.cq_entries = COMPLETION_ENTRIES;
+        err = io_uring_queue_init_params(RING_ENTRIES, ring, &params);
+        if (err == 0) {
+            setup_flags = setup_choices[i];
+            if (!(params.features & IORING_FEAT_EXT_ARG) || !(params.features & IORING_FEAT_NODROP)) {
+                io_uring_queue_exit(ring);
+                return -ENOSYS; /* timeouts on the wait itself (5.11), no lost completions (5.5) */
+            }
+            return 0;
+        }
+        if (err != -EINVAL) return err; /* not a question of flags: ENOSYS, EPERM, ENOMEM */
+    }
+    return err;
+}
+
+static const char *
+uring_probe(void)
+{
+    if (probed) return probe_reason;
+    probed = 1;
+    struct io_uring ring;
+    int err = ring_create(&ring);
+    if (err == -ENOSYS) return probe_reason = "the kernel has no io_uring, or one older than 5.11";
+    if (err == -EPERM)
+        return probe_reason = "io_uring is not permitted (kernel.io_uring_disabled, or a seccomp filter)";
+    if (err < 0) return probe_reason = strerror(-err);
+    struct io_uring_probe *probe = io_uring_get_probe_ring(&ring);
+    static const int needed[] = {IORING_OP_POLL_ADD, IORING_OP_POLL_REMOVE, IORING_OP_ASYNC_CANCEL, IORING_OP_READ,
+                                 IORING_OP_WRITE,    IORING_OP_RECV,        IORING_OP_SEND};
+    for (size_t i = 0; i < sizeof(needed) / sizeof(needed[0]); i++)
+        if (!probe || !io_uring_opcode_supported(probe, needed[i])) probe_reason = "the kernel's io_uring lacks operations evt needs";
+    if (probe) io_uring_free_probe(probe);
+    io_uring_queue_exit(&ring);
+    return probe_reason;
+}
+
+/* ---- submission --------------------------------------------------------------------------------- */
+
+/* A free submission entry; a full queue is submitted first, never an error. */
+static struct io_uring_sqe *
+next_sqe(struct uring_backend *backend)
+{
+    struct io_uring_sqe *sqe;
+    while (!(sqe = io_uring_get_sqe(&backend->ring))) {
+        int r = io_uring_submit(&backend->ring);
+        if (r < 0 && r != -EAGAIN && r != -EBUSY && r != -EINTR) rb_syserr_fail(-r, "io_uring_submit");
+        if (r == -EBUSY || r == -EAGAIN) io_uring_get_events(&backend->ring); /* room for completions first */
+    }
+    return sqe;
+}
+
+static void
+arm_wakeup(struct uring_backend *backend)
+{
+    struct io_uring_sqe *sqe = next_sqe(backend);
+    io_uring_prep_read(sqe, backend->wakeup_fd, &backend->wakeup_value, sizeof(backend->wakeup_value), 0);
+    io_uring_sqe_set_data64(sqe, TAG_WAKEUP);
+}
+
+static int
+uring_open(struct evt_loop *loop)
+{
+    struct uring_backend *backend = ALLOC(struct uring_backend);
+    int err = ring_create(&backend->ring);
+    if (err < 0) {
+        ruby_xfree(backend);
+        return err;
+    }
+    backend->wakeup_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (backend->wakeup_fd < 0) {
+        err = -errno;
+        io_uring_queue_exit(&backend->ring);
+        ruby_xfree(backend);
+        return err;
+    }
+    loop->backend_data = backend;
+    arm_wakeup(backend);
+    return 0;
+}
+
+static void
+uring_close(struct evt_loop *loop)
+{
+    struct uring_backend *backend = loop->backend_data;
+    /* Closing the ring cancels what is still in it; in a forked child it only drops the child's
+     * mappings and descriptor: the parent's ring is untouched. */
+    io_uring_queue_exit(&backend->ring);
+    (void)close(backend->wakeup_fd);
+    ruby_xfree(backend);
+}
+
+static unsigned
+poll_mask(int events)
+{
+    unsigned mask = 0;
+    if (events & EVT_READABLE) mask |= POLLIN | POLLRDHUP;
+    if (events & EVT_PRIORITY) mask |= POLLPRI;
+    if (events & EVT_WRITABLE) mask |= POLLOUT;
+    return mask;
+}
+
+static void
+poll_remove(struct uring_backend *backend, int fd, struct evt_registration *reg)
+{
+    struct io_uring_sqe *sqe = next_sqe(backend);
+    io_uring_prep_poll_remove(sqe, poll_data(fd, reg->serial));
+    io_uring_sqe_set_data64(sqe, TAG_IGNORE);
+    reg->interest = 0;
+}
+
+/* One-shot polls: a request per wait, submitted with the next wait, no system call of its own. */
+static int
+uring_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+{
+    struct uring_backend *backend = loop->backend_data;
+    if (reg->interest && reg->trusted && !(reg->events & ~reg->interest)) return 0; /* one in flight covers it */
+    if (reg->interest) poll_remove(backend, fd, reg); /* for fewer events, or for the file this number had */
+    struct io_uring_sqe *sqe = next_sqe(backend);
+    io_uring_prep_poll_add(sqe, fd, poll_mask(reg->events));
+    io_uring_sqe_set_data64(sqe, poll_data(fd, ++reg->serial));
+    reg->interest = reg->events;
+    reg->trusted = 1;
+    return 0;
+}
+
+static void
+uring_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+{
+    /* A poll in flight keeps the file open in the kernel: take it back. */
+    if (reg->interest) poll_remove(loop->backend_data, fd, reg);
+}
+
+static int
+uring_wait(struct evt_loop *loop, int64_t timeout_ns)
+{
+    struct uring_backend *backend = loop->backend_data;
+    int r;
+    if (timeout_ns == 0) {
+        r = io_uring_submit_and_get_events(&backend->ring);
+    }
+    else {
+        struct io_uring_cqe *cqe;
+        struct __kernel_timespec ts = {timeout_ns / 1000000000, timeout_ns % 1000000000};
+        r = io_uring_submit_and_wait_timeout(&backend->ring, &cqe, 1, timeout_ns < 0 ? NULL : &ts, NULL);
+    }
+    if (r < 0 && r != -ETIME && r != -EINTR && r != -EBUSY && r != -EAGAIN) return r;
+    return (int)io_uring_cq_ready(&backend->ring) + 1; /* dispatch whatever is there */
+}
+
+static void
+poll_done(struct evt_loop *loop, struct uring_backend *backend, uint64_t data, int res)
+{
+    int fd = (int)(uint32_t)(data >> 2);
+    uint32_t serial = (uint32_t)(data >> 34);
+    if (fd >= loop->registrations_size || !loop->registrations[fd]) return;
+    struct evt_registration *reg = loop->registrations[fd];
+    if ((reg->serial & 0x3fffffff) != serial || !reg->interest) return; /* removed or replaced */
+    reg->interest = 0; /* one-shot: nothing in flight now */
+    int events = 0;
+    if (res < 0) events = EVT_READABLE | EVT_WRITABLE; /* let the waiters meet the error */
+    else {
+        if (res & (POLLIN | POLLRDHUP)) events |= EVT_READABLE;
+        if (res & POLLPRI) events |= EVT_PRIORITY;
+        if (res & POLLOUT) events |= EVT_WRITABLE;
+        if (res & (POLLERR | POLLHUP | POLLNVAL)) events |= EVT_READABLE | EVT_WRITABLE;
+    }
+    evt_loop_io_ready(loop, fd, reg->generation, events);
+    if (reg->events && !reg->interest) uring_arm(loop, fd, reg); /* waiters for other events remain */
+}
+
+static void
+dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
+{
+    for (;;) {
+        struct io_uring_cqe *cqe;
+        unsigned head, count = 0;
+        io_uring_for_each_cqe(&backend->ring, head, cqe) {
+            uint64_t data = io_uring_cqe_get_data64(cqe);
+            switch (data & TAG_MASK) {
+            case TAG_OP:
+                evt_loop_op_done(loop, (struct evt_op *)(uintptr_t)data, cqe->res);
+                break;
+            case TAG_POLL:
+                poll_done(loop, backend, data, cqe->res);
+                break;
+            case TAG_WAKEUP:
+                arm_wakeup(backend);
+                break;
+            }
+            count++;
+        }
+        io_uring_cq_advance(&backend->ring, count);
+        /* Completions the CQ had no room for wait in the kernel: fetch them too. */
+        if (!io_uring_cq_has_overflow(&backend->ring)) return;
+        io_uring_get_events(&backend->ring);
+    }
+}
+
+static void
+uring_dispatch(struct evt_loop *loop)
+{
+    dispatch_completions(loop, loop->backend_data);
+}
+
+static void
+uring_wakeup(struct evt_loop *loop)
+{
+    struct uring_backend *backend = loop->backend_data;
+    uint64_t one = 1;
+    (void)!write(backend->wakeup_fd, &one, sizeof(one)); /* EAGAIN: a wakeup is pending anyway */
+}
+
+static int
+uring_transfer(struct evt_loop *loop, struct evt_op *op)
+{
+    struct uring_backend *backend = loop->backend_data;
+    struct io_uring_sqe *sqe = next_sqe(backend);
+    unsigned size = op->size > 0x7ffff000 ? 0x7ffff000 : (unsigned)op->size; /* what read(2) does at most */
+    if (op->socket) {
+        if (op->events == EVT_READABLE) io_uring_prep_recv(sqe, op->fd, op->base, size, op->nowait ? MSG_DONTWAIT : 0);
+        else io_uring_prep_send(sqe, op->fd, op->base, size, op->nowait ? MSG_DONTWAIT : 0);
+    }
+    else {
+        uint64_t offset = op->position < 0 ? (uint64_t)-1 : (uint64_t)op->position; /* -1: the file's position */
+        if (op->events == EVT_READABLE) io_uring_prep_read(sqe, op->fd, op->base, size, offset);
+        else io_uring_prep_write(sqe, op->fd, op->base, size, offset);
+        if (op->nowait) sqe->rw_flags = RWF_NOWAIT;
+    }
+    io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)op);
+    op->pending = 1;
+    return 0;
+}
+
+static void
+uring_cancel(struct evt_loop *loop, struct evt_op *op)
+{
+    struct uring_backend *backend = loop->backend_data;
+    struct io_uring_sqe *sqe = next_sqe(backend);
+    io_uring_prep_cancel64(sqe, (uint64_t)(uintptr_t)op, 0);
+    io_uring_sqe_set_data64(sqe, TAG_IGNORE);
+    /* Wait here, with the thread: cancelling a request waiting for readiness is immediate, and a
+     * file read under way ends soon. Other completions that arrive meanwhile are dispatched. */
+    while (op->pending) {
+        struct io_uring_cqe *cqe;
+        int r = io_uring_submit_and_wait_timeout(&backend->ring, &cqe, 1, NULL, NULL);
+        if (r < 0 && r != -EINTR && r != -ETIME && r != -EBUSY && r != -EAGAIN) rb_syserr_fail(-r, "io_uring_enter");
+        dispatch_completions(loop, backend);
+    }
+}
+
+const struct evt_backend evt_backend_uring = {
+    .name = "io_uring",
+    .probe = uring_probe,
+    .open = uring_open,
+    .close = uring_close,
+    .arm = uring_arm,
+    .disarm = uring_disarm,
+    .wait = uring_wait,
+    .dispatch = uring_dispatch,
+    .wakeup = uring_wakeup,
+    .transfer = uring_transfer,
+    .cancel = uring_cancel,
+};
+
+#endif
