@@ -190,6 +190,32 @@ class IOTest < Minitest::Test
     end
   end
 
+  # Ruby passes sysread the same arguments as read_nonblock, but sysread counts on the hook to wait.
+  def test_sysread_waits_for_data_as_without_a_scheduler
+    received = nil
+    evt do
+      r, w = IO.pipe
+      Fiber.schedule do
+        sleep 0.01
+        w.syswrite("abc")
+      end
+      received = r.sysread(3)
+    end
+    assert_equal "abc", received
+  end
+
+  def test_syswrite_to_a_full_pipe_waits_for_room
+    evt do
+      r, w = IO.pipe
+      w.write_nonblock("x" * 65_536) # the pipe is full now
+      Fiber.schedule do
+        sleep 0.01
+        r.read(65_536)
+      end
+      assert_equal 5, w.syswrite("hello")
+    end
+  end
+
   def test_write_nonblock_does_not_wait
     evt do
       a, = UNIXSocket.pair

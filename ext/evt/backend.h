@@ -21,16 +21,21 @@ enum {
 };
 
 /* A transfer a backend does itself (io_uring): read into or write from [base, base + size) on fd,
- * at `position` when it is not negative. On its own stack of the waiting fiber; the backend calls
+ * at `position` when it is not negative, waiting for the descriptor to be ready if it must. On its own stack of the waiting fiber; the backend calls
  * evt_loop_op_done() when the kernel reports the result, and not after cancel() has returned. */
+enum evt_op_kind {
+    EVT_OP_TRANSFER,   /* read or write, as below */
+    EVT_OP_WAITID,     /* until child process `fd` (a pid) exits; base: a siginfo_t. -ENOTSUP if unsupported */
+};
+
 struct evt_op {
     struct evt_waiter *waiter;
+    enum evt_op_kind kind;
     int fd;
     int events;        /* EVT_READABLE: read; EVT_WRITABLE: write */
     void *base;
     size_t size;
     int64_t position;  /* -1: none */
-    int nowait;        /* fail with -EAGAIN rather than wait for the descriptor to be ready */
     int socket;        /* use recv/send */
     int pending;       /* submitted, result not reaped yet */
     long result;       /* bytes, or -errno */

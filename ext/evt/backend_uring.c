@@ -2,8 +2,8 @@
  *
  * Everything goes through one ring, and the ring goes to the kernel once per loop iteration:
  * requests queue up in the submission queue while fibers run and are submitted together with the
- * wait (io_uring_submit_and_wait_timeout). Transfers are done by the ring itself (recv, send,
- * read, write into the caller's memory); readiness (io_wait, io_select) is a one-shot poll request
+ * wait (io_uring_submit_and_wait_timeout). Transfers that may wait are done by the ring itself
+ * (recv, send, read, write into the caller's memory, the kernel polling for readiness); readiness (io_wait, io_select) is a one-shot poll request
  * per descriptor; another thread ends a wait by writing to an eventfd the ring is reading.
  *
  * Features are probed at run time, never taken from liburing's headers: the kernel may be older
@@ -16,12 +16,16 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <liburing.h>
 
 /* A request's user_data: a struct evt_op pointer (8-aligned, tag 0), or a tagged value. */
 enum { TAG_OP = 0, TAG_POLL = 1, TAG_WAKEUP = 2, TAG_IGNORE = 3, TAG_MASK = 3 };
+
+/* Opcodes newer than liburing 2.3's headers, filled in by hand (the kernel's numbering). */
+#define OP_WAITID 50 /* Linux 6.7 */
 
 #define RING_ENTRIES 256
 #define COMPLETION_ENTRIES 16384
@@ -42,6 +46,7 @@ poll_data(int fd, uint32_t serial)
 
 static const char *probe_reason;
 static int probed;
+static int has_waitid;
 static unsigned setup_flags; /* the flags a ring was last made with here */
 
 static const unsigned setup_choices[] = {
@@ -90,6 +95,7 @@ uring_probe(void)
                                  IORING_OP_WRITE,    IORING_OP_RECV,        IORING_OP_SEND};
     for (size_t i = 0; i < sizeof(needed) / sizeof(needed[0]); i++)
         if (!probe || !io_uring_opcode_supported(probe, needed[i])) probe_reason = "the kernel's io_uring lacks operations evt needs";
+    has_waitid = probe && probe->last_op >= OP_WAITID && (probe->ops[OP_WAITID].flags & IO_URING_OP_SUPPORTED);
     if (probe) io_uring_free_probe(probe);
     io_uring_queue_exit(&ring);
     return probe_reason;
@@ -271,21 +277,42 @@ uring_wakeup(struct evt_loop *loop)
     (void)!write(backend->wakeup_fd, &one, sizeof(one)); /* EAGAIN: a wakeup is pending anyway */
 }
 
+/* waitid(P_PID, pid, info, WEXITED | WNOWAIT) in the ring: the child stays to be reaped by Ruby,
+ * which makes the Process::Status. */
+static void
+prep_waitid(struct io_uring_sqe *sqe, pid_t pid, siginfo_t *info)
+{
+    memset(sqe, 0, sizeof(*sqe));
+    sqe->opcode = OP_WAITID;
+    sqe->fd = pid;
+    sqe->len = P_PID;
+    sqe->file_index = WEXITED | WNOWAIT;
+    sqe->addr2 = (uint64_t)(uintptr_t)info;
+}
+
 static int
 uring_transfer(struct evt_loop *loop, struct evt_op *op)
 {
     struct uring_backend *backend = loop->backend_data;
+    if (op->kind == EVT_OP_WAITID && !has_waitid) return -ENOTSUP;
     struct io_uring_sqe *sqe = next_sqe(backend);
+    if (op->kind == EVT_OP_WAITID) {
+        prep_waitid(sqe, op->fd, op->base);
+        io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)op);
+        op->pending = 1;
+        return 0;
+    }
     unsigned size = op->size > 0x7ffff000 ? 0x7ffff000 : (unsigned)op->size; /* what read(2) does at most */
+    /* The kernel waits for readiness itself (it polls inside); an older one may answer -EAGAIN
+     * for a descriptor in non-blocking mode, and the core then waits with a poll and asks again. */
     if (op->socket) {
-        if (op->events == EVT_READABLE) io_uring_prep_recv(sqe, op->fd, op->base, size, op->nowait ? MSG_DONTWAIT : 0);
-        else io_uring_prep_send(sqe, op->fd, op->base, size, op->nowait ? MSG_DONTWAIT : 0);
+        if (op->events == EVT_READABLE) io_uring_prep_recv(sqe, op->fd, op->base, size, 0);
+        else io_uring_prep_send(sqe, op->fd, op->base, size, 0);
     }
     else {
         uint64_t offset = op->position < 0 ? (uint64_t)-1 : (uint64_t)op->position; /* -1: the file's position */
         if (op->events == EVT_READABLE) io_uring_prep_read(sqe, op->fd, op->base, size, offset);
         else io_uring_prep_write(sqe, op->fd, op->base, size, offset);
-        if (op->nowait) sqe->rw_flags = RWF_NOWAIT;
     }
     io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)op);
     op->pending = 1;

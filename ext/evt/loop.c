@@ -10,9 +10,11 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <ruby/debug.h>
 #include <ruby/fiber/scheduler.h>
 #include <ruby/io.h>
 #include <ruby/io/buffer.h>
@@ -665,7 +667,7 @@ wait_body(VALUE ptr)
     case EVT_WAIT_OP: {
         void *base;
         size_t size;
-        if (!(rb_io_buffer_get_bytes(wait->buffer, &base, &size) & RB_IO_BUFFER_LOCKED)) {
+        if (!NIL_P(wait->buffer) && !(rb_io_buffer_get_bytes(wait->buffer, &base, &size) & RB_IO_BUFFER_LOCKED)) {
             rb_io_buffer_lock(wait->buffer); /* no resize or free while the kernel holds it */
             wait->locked = 1;
         }
@@ -889,6 +891,31 @@ transfer_by_backend(struct evt_loop *loop, VALUE io, VALUE buffer, struct evt_op
     return op->result;
 }
 
+/* Whether the backend does this transfer itself (io_uring): one that may wait for the descriptor,
+ * so the kernel does the waiting too; a file's at any position. A try that must not wait
+ * (read_nonblock) is one system call, cheaper than a trip through the loop; positioned transfers
+ * on anything but a file go to pread(2) and pwrite(2), which fail as Ruby expects. */
+static inline int
+by_backend_transfer(struct evt_loop *loop, struct evt_registration *reg, off_t position, int may_wait)
+{
+    if (!loop->backend->transfer) return 0;
+    if (reg->flags & EVT_REG_FILE) return 1;
+    return position < 0 && may_wait;
+}
+
+/* Whether read_nonblock called this hook: the one reader that must not wait. sysread comes with the
+ * same arguments and must wait (it does not try again after EAGAIN), so the stack says which. */
+static int
+called_by_read_nonblock(void)
+{
+    VALUE frames[2];
+    int lines[2];
+    /* Frame 0 is this hook. (Ruby 3.3's `start` does not count C frames: ask from the top.) */
+    if (rb_profile_frames(0, 2, frames, lines) < 2) return 0;
+    VALUE name = rb_profile_frame_method_name(frames[1]);
+    return RB_TYPE_P(name, T_STRING) && RSTRING_LEN(name) == 13 && memcmp(RSTRING_PTR(name), "read_nonblock", 13) == 0;
+}
+
 static VALUE
 io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset_value, off_t position, int events)
 {
@@ -896,11 +923,20 @@ io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset
     int fd = rb_io_descriptor(io);
     size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
     struct evt_registration *reg = transfer_registration(loop, io, fd);
-    if (length == 0 && events == EVT_READABLE && position < 0) {
-        const void *base;
-        size_t size;
-        rb_io_buffer_get_bytes_for_reading(buffer, &base, &size);
-        if (internal_read_buffer(io, base)) length = 1;
+    /* Length 0 asks for one transfer and allows -EAGAIN. Only read_nonblock needs that: Ruby's
+     * other readers and writers either wait and try again after -EAGAIN (so waiting here saves the
+     * round trip) or, like sysread and syswrite, count on the wait (write_nonblock does not come
+     * here at all). */
+    if (length == 0 && position < 0) {
+        if (events == EVT_WRITABLE) {
+            length = 1;
+        }
+        else {
+            const void *base;
+            size_t size;
+            rb_io_buffer_get_bytes_for_reading(buffer, &base, &size);
+            if (internal_read_buffer(io, base) || !called_by_read_nonblock()) length = 1;
+        }
     }
     for (;;) {
         void *base;
@@ -912,12 +948,11 @@ io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset
             rb_raise(rb_eArgError, "offset %" PRIuSIZE " is past the end of the buffer (%" PRIuSIZE " bytes)",
                      offset, size);
         ssize_t n;
-        if (loop->backend->transfer && (position < 0 || (reg->flags & EVT_REG_FILE))) {
-            /* Files never wait for readiness; anything else may only when more must come. */
+        int by_backend = by_backend_transfer(loop, reg, position, total < length);
+        if (by_backend) {
             struct evt_op op = {
-                .fd = fd, .events = events, .base = (char *)base + offset, .size = size - offset,
-                .position = position < 0 ? -1 : position + (off_t)total,
-                .nowait = total >= length && !(reg->flags & EVT_REG_FILE),
+                .kind = EVT_OP_TRANSFER, .fd = fd, .events = events, .base = (char *)base + offset,
+                .size = size - offset, .position = position < 0 ? -1 : position + (off_t)total,
                 .socket = (reg->flags & EVT_REG_SOCKET) && position < 0,
             };
             int timed_out;
@@ -942,7 +977,7 @@ io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset
             total += n;
             offset += n;
             if (total >= length) break;
-            if (loop->backend->transfer && (position < 0 || (reg->flags & EVT_REG_FILE))) {
+            if (by_backend) {
                 fd = rb_io_descriptor(io); /* it waited: the IO may have been closed meanwhile */
                 reg = transfer_registration(loop, io, fd);
             }
@@ -1202,6 +1237,29 @@ loop_timeout_after(int argc, VALUE *argv, VALUE self)
     VALUE result = rb_ensure(timeout_yield, (VALUE)&call, timeout_cancel, (VALUE)&call);
     RB_GC_GUARD(call.timeout.exception);
     return result;
+}
+
+/*
+ * wait_child_exit(pid) -> true, false or nil
+ *
+ * Waits in the loop until child +pid+ has exited, leaving it to be reaped: through the backend's
+ * own waitid (io_uring, Linux 6.7). true when it exited, false when there is no such child, nil
+ * when the backend cannot wait for processes.
+ */
+static VALUE
+loop_wait_child_exit(VALUE self, VALUE pid)
+{
+    struct evt_loop *loop = loop_get(self);
+    if (!loop->backend->transfer) return Qnil;
+    siginfo_t info;
+    memset(&info, 0, sizeof(info));
+    struct evt_op op = {.kind = EVT_OP_WAITID, .fd = NUM2PIDT(pid), .base = &info, .position = -1};
+    struct evt_waiter w;
+    waiter_init(&w, rb_fiber_current());
+    struct evt_wait wait = {loop, &w, EVT_WAIT_OP, Qnil, Qnil, NULL, -1, loop->forks, &op, Qnil, 0};
+    rb_ensure(wait_body, (VALUE)&wait, wait_ensure, (VALUE)&wait);
+    if (op.result == -ENOTSUP) return Qnil;
+    return op.result == 0 ? Qtrue : Qfalse;
 }
 
 /*
@@ -1530,6 +1588,7 @@ evt_loop_init(VALUE mEvt)
     rb_define_private_method(evt_cLoop, "start", loop_start, 1);
     rb_define_private_method(evt_cLoop, "started", loop_started, 0);
     rb_define_private_method(evt_cLoop, "pidfd_open", loop_pidfd_open, 1);
+    rb_define_private_method(evt_cLoop, "wait_child_exit", loop_wait_child_exit, 1);
     rb_define_private_method(evt_cLoop, "close_backend", loop_close_backend_m, 0);
     rb_define_private_method(evt_cLoop, "suspended_fibers", loop_fibers, 0);
 }
