@@ -127,23 +127,17 @@ module Evt
     end
 
     # Process.wait and friends: waits for +pid+ without blocking the other fibers. A child process
-    # is watched through a pidfd in the loop; any child (pid <= 0), stop and continue reports, or a
-    # kernel without pidfd take a thread that waits instead.
+    # is watched by the loop: waitid in the ring (io_uring, Linux 6.7), else a pidfd it polls. Any
+    # child (pid <= 0), stop and continue reports, or a kernel with neither take a thread instead.
     # @return [Process::Status] (a status with pid -1 for "no such child", from which Ruby raises)
     def process_wait(pid, flags)
       status = Process::Status.wait(pid, flags | Process::WNOHANG)
       return status if status || flags.anybits?(Process::WNOHANG)
 
-      if pid.positive? && flags.zero? && (descriptor = pidfd_open(pid))
-        pidfd = IO.for_fd(descriptor, autoclose: true)
-        begin
-          loop do
-            io_wait(pidfd, IO::READABLE, nil)
-            status = Process::Status.wait(pid, Process::WNOHANG)
-            return status if status
-          end
-        ensure
-          pidfd.close
+      if pid.positive? && flags.zero?
+        while wait_for_exit(pid)
+          status = Process::Status.wait(pid, Process::WNOHANG)
+          return status if status
         end
       end
       waiter = Thread.new do
@@ -153,7 +147,7 @@ module Evt
       waiter.value
     end
 
-    # Name resolution (Addrinfo.getaddrinfo, TCPSocket.new, ...) on the {Resolver}'s threads.
+    # Name resolution    # Name resolution (Addrinfo.getaddrinfo, TCPSocket.new, ...) on the {Resolver}'s threads.
     # @return [Array<String>] addresses
     def address_resolve(hostname)
       (@resolver ||= Resolver.new).resolve(hostname)
@@ -182,6 +176,20 @@ module Evt
     end
 
     private
+
+    # Waits in the loop until child +pid+ has ended (or is gone); false when the loop has no way to
+    # watch a process.
+    def wait_for_exit(pid)
+      exited = wait_child_exit(pid)
+      return true unless exited.nil?
+
+      descriptor = pidfd_open(pid) or return false
+      pidfd = IO.for_fd(descriptor, autoclose: true)
+      io_wait(pidfd, IO::READABLE, nil)
+      true
+    ensure
+      pidfd&.close
+    end
 
     def report(error, block)
       return unless Thread.current.report_on_exception
