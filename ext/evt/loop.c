@@ -1,5 +1,6 @@
-/* The core of evt: waiters, the ready queue, fiber switching, the run loop and the hooks that block.
- * See loop.h for the model; backend.h for what a backend does. */
+/* The core of evt: the loop object, registrations, waiters, the ready queue, fiber switching, the
+ * run loop and suspension. The hooks built on them are in hooks.c. See loop.h for the model;
+ * backend.h for what a backend does. */
 #include "loop.h"
 
 #include <errno.h>
@@ -24,18 +25,6 @@ VALUE evt_cLoop;
 
 static ID id_blocking_p;
 static VALUE eFiberError;
-static VALUE cBasicSocket = Qundef; /* once `socket` is loaded */
-
-/* What a finished wait reports besides events (> 0) and "unblocked" (1). */
-enum { EVT_SPURIOUS = 0, EVT_TIMED_OUT = -1 };
-
-/* Registration flags, learnt once per IO object on a descriptor. */
-enum {
-    EVT_REG_CHECKED = 1,   /* O_NONBLOCK and file type looked at */
-    EVT_REG_BLOCKING = 2,  /* a descriptor in blocking mode, not a socket: poll before every transfer */
-    EVT_REG_SOCKET = 4,    /* a socket: transfer with MSG_DONTWAIT (recv, send) */
-    EVT_REG_FILE = 8,      /* a regular file or block device: never waits for readiness */
-};
 
 /* Counts forks: every child increments it at once, so a loop can tell it was inherited. */
 static volatile unsigned evt_forks;
@@ -46,17 +35,9 @@ evt_atfork_child(void)
     evt_forks++;
 }
 
-static inline int64_t
-now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* nil -> -1 (no limit); otherwise nanoseconds, with the errors Kernel#sleep gives for bad values. */
-static int64_t
-timeout_ns(VALUE timeout)
+int64_t
+evt_timeout_ns(VALUE timeout)
 {
     if (NIL_P(timeout)) return -1;
     struct timespec ts = rb_time_timespec_interval(timeout);
@@ -239,8 +220,8 @@ loop_after_fork(struct evt_loop *loop)
 }
 
 /* The loop, after any fork; the kernel objects may still be closed. */
-static struct evt_loop *
-loop_check(VALUE self)
+struct evt_loop *
+evt_loop_check(VALUE self)
 {
     struct evt_loop *loop = rb_check_typeddata(self, &loop_type);
     if (RB_UNLIKELY(!loop->backend)) rb_raise(rb_eRuntimeError, "evt: the scheduler is not initialized");
@@ -253,7 +234,7 @@ loop_check(VALUE self)
 static struct evt_loop *
 loop_owned(VALUE self)
 {
-    struct evt_loop *loop = loop_check(self);
+    struct evt_loop *loop = evt_loop_check(self);
     VALUE thread = rb_thread_current();
     if (RB_UNLIKELY(thread != loop->thread)) {
         if (loop->waiting || loop->running)
@@ -266,8 +247,8 @@ loop_owned(VALUE self)
 }
 
 /* The loop, ready to use by its thread: a closed one opens again. */
-static inline struct evt_loop *
-loop_get(VALUE self)
+struct evt_loop *
+evt_loop_get(VALUE self)
 {
     struct evt_loop *loop = loop_owned(self);
     if (RB_UNLIKELY(!loop->backend_data)) loop_open(loop);
@@ -276,8 +257,8 @@ loop_get(VALUE self)
 
 /* ---- registrations -------------------------------------------------------------------------- */
 
-static struct evt_registration *
-registration_get(struct evt_loop *loop, int fd, VALUE io)
+struct evt_registration *
+evt_registration_get(struct evt_loop *loop, int fd, VALUE io)
 {
     if (fd >= loop->registrations_size) {
         int size = loop->registrations_size ? loop->registrations_size : 64;
@@ -336,22 +317,6 @@ registration_leave(struct evt_loop *loop, struct evt_waiter *w)
 
 /* ---- waiters ----------------------------------------------------------------------------------- */
 
-static inline void
-waiter_init(struct evt_waiter *w, VALUE fiber)
-{
-    w->fiber = fiber;
-    evt_list_init(&w->ready_link);
-    evt_list_init(&w->io_link);
-    evt_timer_init(&w->timer, EVT_TIMER_WAITER);
-    w->owner = NULL;
-    w->fd = -1;
-    w->events = 0;
-    w->result = EVT_SPURIOUS;
-    w->state = EVT_IDLE;
-    w->unblockable = 0;
-    w->allocated = 0;
-}
-
 /* Takes the waiter out of everything it waits on (not out of the ready queue). */
 static void
 waiter_detach(struct evt_loop *loop, struct evt_waiter *w)
@@ -376,8 +341,8 @@ waiter_ready(struct evt_loop *loop, struct evt_waiter *w)
     loop->ready_count++;
 }
 
-static void
-waiter_wake(struct evt_loop *loop, struct evt_waiter *w, int result)
+void
+evt_waiter_wake(struct evt_loop *loop, struct evt_waiter *w, int result)
 {
     if (w->state != EVT_WAITING) return;
     waiter_detach(loop, w);
@@ -399,10 +364,10 @@ evt_loop_io_ready(struct evt_loop *loop, int fd, uint32_t generation, int events
             /* One of an io_select's IOs: wake the select, which looks at all of them again. */
             evt_list_remove(&w->io_link);
             registration_leave(loop, w);
-            waiter_wake(loop, w->owner, ready);
+            evt_waiter_wake(loop, w->owner, ready);
         }
         else {
-            waiter_wake(loop, w, ready);
+            evt_waiter_wake(loop, w, ready);
         }
     }
 }
@@ -412,7 +377,7 @@ evt_loop_op_done(struct evt_loop *loop, struct evt_op *op, long result)
 {
     op->result = result;
     op->pending = 0;
-    waiter_wake(loop, op->waiter, 1); /* nothing when its fiber is already on its way out */
+    evt_waiter_wake(loop, op->waiter, 1); /* nothing when its fiber is already on its way out */
 }
 
 /* ---- running ---------------------------------------------------------------------------------- */
@@ -441,7 +406,7 @@ ready_the_switcher(struct evt_loop *loop, VALUE unwound)
     if (st_lookup(loop->unblockable, (st_data_t)switcher, NULL)) return;
     if (!RTEST(rb_fiber_alive_p(switcher))) return;
     struct evt_waiter *w = ALLOC(struct evt_waiter);
-    waiter_init(w, switcher);
+    evt_waiter_init(w, switcher);
     w->allocated = 1;
     evt_list_append(&loop->allocated, &w->io_link);
     loop->waiting++;
@@ -486,7 +451,7 @@ loop_fire_timers(struct evt_loop *loop, int64_t now)
             continue;
         }
         struct evt_waiter *w = evt_container_of(timer, struct evt_waiter, timer);
-        if (w->state == EVT_WAITING) waiter_wake(loop, w, EVT_TIMED_OUT);
+        if (w->state == EVT_WAITING) evt_waiter_wake(loop, w, EVT_TIMED_OUT);
         else evt_timers_remove(&loop->timers, timer);
     }
 }
@@ -546,7 +511,7 @@ loop_run_iterations(VALUE ptr)
         if (!until && loop->waiting == 0) return Qnil;
         if (!loop->backend_data) loop_open(loop);
 
-        int64_t now = now_ns();
+        int64_t now = evt_now_ns();
         loop_fire_timers(loop, now);
         /* A timeout_after raised in a fiber here, and that fiber may have finished the work. */
         if (!until && loop->waiting == 0 && !loop->ready_count) return Qnil;
@@ -579,40 +544,12 @@ loop_run(struct evt_loop *loop, struct evt_waiter *until)
 
 /* ---- suspending ---------------------------------------------------------------------------------- */
 
-enum evt_wait_kind { EVT_WAIT_IO, EVT_WAIT_BLOCK, EVT_WAIT_YIELD, EVT_WAIT_START, EVT_WAIT_SELECT, EVT_WAIT_OP };
-
-/* io_select's IOs: a waiter each, all waking the select's own waiter. */
-struct evt_selection {
-    long count;
-    VALUE *ios;
-    int *fds;
-    int *events;
-    struct evt_waiter *waiters;
-};
-
-/* One suspension of the current fiber. The whole of it (linking the waiter into the loop's
- * structures, switching away, unlinking) runs under rb_ensure, so however the fiber is unwound the
- * waiter has left every structure before its stack frame goes away. */
-struct evt_wait {
-    struct evt_loop *loop;
-    struct evt_waiter *waiter;
-    enum evt_wait_kind kind;
-    VALUE io;          /* EVT_WAIT_IO */
-    VALUE target;      /* EVT_WAIT_START: the new fiber */
-    struct evt_selection *selection; /* EVT_WAIT_SELECT */
-    int64_t timeout;   /* -1: none */
-    unsigned forks;
-    struct evt_op *op; /* EVT_WAIT_OP */
-    VALUE buffer;      /* EVT_WAIT_OP: the IO::Buffer, locked by us while the kernel may write to it */
-    int locked;
-};
-
 /* Hangs a waiter on its descriptor's registration, arming the backend when the interest grows.
  * A descriptor the kernel cannot poll (a regular file) is always ready: the waiter wakes at once. */
 static void
 waiter_attach(struct evt_loop *loop, struct evt_waiter *w, VALUE io)
 {
-    struct evt_registration *reg = registration_get(loop, w->fd, io);
+    struct evt_registration *reg = evt_registration_get(loop, w->fd, io);
     int previous = reg->events;
     reg->events = registration_count(reg, w->events, 1);
     if (reg->events != previous || !reg->trusted) {
@@ -620,7 +557,7 @@ waiter_attach(struct evt_loop *loop, struct evt_waiter *w, VALUE io)
         if (err < 0) {
             reg->events = registration_count(reg, w->events, -1);
             if (err != -EPERM) rb_syserr_fail_str(-err, rb_sprintf("evt: watching descriptor %d", w->fd));
-            waiter_wake(loop, w->owner ? w->owner : w, w->events);
+            evt_waiter_wake(loop, w->owner ? w->owner : w, w->events);
             return;
         }
     }
@@ -637,7 +574,7 @@ wait_body(VALUE ptr)
     w->state = EVT_WAITING;
     loop->waiting++;
 
-    if (wait->timeout >= 0) evt_timers_add(&loop->timers, &w->timer, now_ns() + wait->timeout);
+    if (wait->timeout >= 0) evt_timers_add(&loop->timers, &w->timer, evt_now_ns() + wait->timeout);
 
     switch (wait->kind) {
     case EVT_WAIT_IO:
@@ -647,7 +584,7 @@ wait_body(VALUE ptr)
         struct evt_selection *selection = wait->selection;
         for (long i = 0; i < selection->count && w->state == EVT_WAITING; i++) {
             struct evt_waiter *secondary = &selection->waiters[i];
-            waiter_init(secondary, w->fiber);
+            evt_waiter_init(secondary, w->fiber);
             secondary->owner = w;
             secondary->fd = selection->fds[i];
             secondary->events = selection->events[i];
@@ -681,7 +618,7 @@ wait_body(VALUE ptr)
     }
     case EVT_WAIT_YIELD:
     case EVT_WAIT_START:
-        waiter_wake(loop, w, EVT_SPURIOUS);
+        evt_waiter_wake(loop, w, EVT_SPURIOUS);
         break;
     }
 
@@ -730,8 +667,14 @@ wait_ensure(VALUE ptr)
     return Qnil;
 }
 
-static int
-loop_suspend(struct evt_loop *loop, struct evt_waiter *w, enum evt_wait_kind kind, VALUE io, VALUE target,
+void
+evt_loop_wait_for(struct evt_wait *wait)
+{
+    rb_ensure(wait_body, (VALUE)wait, wait_ensure, (VALUE)wait);
+}
+
+int
+evt_loop_suspend(struct evt_loop *loop, struct evt_waiter *w, enum evt_wait_kind kind, VALUE io, VALUE target,
              int64_t timeout)
 {
     struct evt_wait wait = {loop, w, kind, io, target, NULL, timeout, loop->forks, NULL, Qnil, 0};
@@ -740,25 +683,25 @@ loop_suspend(struct evt_loop *loop, struct evt_waiter *w, enum evt_wait_kind kin
 }
 
 /* Waits until fd has one of `events`: returns them, or EVT_TIMED_OUT. */
-static int
-loop_wait_io(struct evt_loop *loop, VALUE io, int fd, int events, int64_t timeout)
+int
+evt_loop_wait_io(struct evt_loop *loop, VALUE io, int fd, int events, int64_t timeout)
 {
     struct evt_waiter w;
-    waiter_init(&w, rb_fiber_current());
+    evt_waiter_init(&w, rb_fiber_current());
     w.fd = fd;
     w.events = events;
     int result;
-    int64_t deadline = timeout >= 0 ? now_ns() + timeout : -1;
+    int64_t deadline = timeout >= 0 ? evt_now_ns() + timeout : -1;
     for (;;) {
-        result = loop_suspend(loop, &w, EVT_WAIT_IO, io, Qnil, timeout);
+        result = evt_loop_suspend(loop, &w, EVT_WAIT_IO, io, Qnil, timeout);
         if (result != EVT_SPURIOUS) return result;
-        if (deadline >= 0 && (timeout = deadline - now_ns()) < 0) timeout = 0;
+        if (deadline >= 0 && (timeout = deadline - evt_now_ns()) < 0) timeout = 0;
     }
 }
 
 /* Readiness right now, without waiting: poll(2) with a zero timeout, as IO#wait would see it. */
-static int
-poll_now(int fd, int events)
+int
+evt_poll_now(int fd, int events)
 {
     struct pollfd pfd = {.fd = fd, .events = (short)events};
     int n;
@@ -770,581 +713,6 @@ poll_now(int fd, int events)
     int ready = pfd.revents & EVT_EVENTS;
     if (pfd.revents & (POLLERR | POLLHUP)) ready |= EVT_READABLE | EVT_WRITABLE; /* let the caller meet the error */
     return ready & events;
-}
-
-/* ---- hooks -------------------------------------------------------------------------------------- */
-
-/* The registration for a transfer on io. Learns once per IO whether its descriptor is in blocking
- * mode: a socket (any BasicSocket, or a descriptor in blocking mode that fstat says is one) is read
- * and written with MSG_DONTWAIT; anything else in blocking mode (a pipe, a FIFO, a tty)
- * is polled before each transfer, and written at most PIPE_BUF bytes at a time, which a writable
- * pipe takes without blocking. Regular files never wait. */
-static struct evt_registration *
-transfer_registration(struct evt_loop *loop, VALUE io, int fd)
-{
-    struct evt_registration *reg = registration_get(loop, fd, io);
-    if (!(reg->flags & EVT_REG_CHECKED)) {
-        if (RB_UNDEF_P(cBasicSocket) && rb_const_defined(rb_cObject, rb_intern("BasicSocket")))
-            cBasicSocket = rb_const_get(rb_cObject, rb_intern("BasicSocket"));
-        if (!RB_UNDEF_P(cBasicSocket) && RTEST(rb_obj_is_kind_of(io, cBasicSocket))) {
-            /* MSG_DONTWAIT never blocks, whatever the mode: no need to ask the kernel. */
-            reg->flags = EVT_REG_CHECKED | EVT_REG_SOCKET;
-            return reg;
-        }
-        int flags = fcntl(fd, F_GETFL);
-        if (flags < 0) rb_sys_fail("fcntl(F_GETFL)");
-        reg->flags = EVT_REG_CHECKED;
-        if (!(flags & O_NONBLOCK)) {
-            struct stat st;
-            if (fstat(fd, &st) < 0) rb_sys_fail("fstat");
-            if (S_ISSOCK(st.st_mode)) reg->flags |= EVT_REG_SOCKET;
-            else if (S_ISREG(st.st_mode) || S_ISBLK(st.st_mode)) reg->flags |= EVT_REG_FILE;
-            else reg->flags |= EVT_REG_BLOCKING;
-        }
-    }
-    return reg;
-}
-
-/* One read(2) or write(2) (pread/pwrite at `position` when it is not negative) that cannot block
- * the thread, or -1 with errno EAGAIN. */
-static ssize_t
-transfer_once(struct evt_registration *reg, int fd, int events, char *base, size_t size, off_t position)
-{
-    if ((reg->flags & EVT_REG_SOCKET) && position < 0)
-        return events == EVT_READABLE ? recv(fd, base, size, MSG_DONTWAIT) : send(fd, base, size, MSG_DONTWAIT);
-    if (reg->flags & EVT_REG_BLOCKING) {
-        if (!poll_now(fd, events)) {
-            errno = EAGAIN;
-            return -1;
-        }
-        if (events == EVT_WRITABLE && size > PIPE_BUF) size = PIPE_BUF;
-    }
-    if (position >= 0)
-        return events == EVT_READABLE ? pread(fd, base, size, position) : pwrite(fd, base, size, position);
-    return events == EVT_READABLE ? read(fd, base, size) : write(fd, base, size);
-}
-
-/* Waits for the IO as a read or write would, under the IO's own #timeout. */
-static void
-wait_for_transfer(struct evt_loop *loop, VALUE io, int fd, int events)
-{
-    if (loop_wait_io(loop, io, fd, events, timeout_ns(rb_io_timeout(io))) == EVT_TIMED_OUT)
-        rb_raise(rb_eIOTimeoutError, "Blocking operation timed out!");
-}
-
-
-/*
- * io_wait(io, events, timeout) -> Integer or false
- *
- * The events of +events+ that are ready, waiting up to +timeout+ seconds (nil: the IO's own
- * #timeout, as Ruby does without a scheduler); false when the time is up first.
- */
-static VALUE
-loop_io_wait(VALUE self, VALUE io, VALUE events_value, VALUE timeout_value)
-{
-    struct evt_loop *loop = loop_get(self);
-    int fd = rb_io_descriptor(io);
-    int events = NUM2INT(events_value) & EVT_EVENTS;
-    if (NIL_P(timeout_value) && RB_TYPE_P(io, T_FILE)) timeout_value = rb_io_timeout(io);
-    int64_t timeout = timeout_ns(timeout_value);
-    /* After io_read or io_write met EAGAIN, Ruby calls here at once: those events are known not to
-     * be ready, and the next readiness will come as an event. Otherwise look first. */
-    struct evt_registration *reg = registration_get(loop, fd, io);
-    if (events & ~reg->exhausted) {
-        int ready = poll_now(fd, events);
-        if (ready) return INT2FIX(ready);
-    }
-    if (timeout == 0 || events == 0) return Qfalse;
-    int result = loop_wait_io(loop, io, fd, events, timeout);
-    return result > 0 ? INT2FIX(result) : Qfalse;
-}
-
-/* Transfers with read(2) or write(2) until at least `length` bytes (0: one successful transfer),
- * end of file or an error. When nothing could be transferred and `length` is 0, returns -EAGAIN
- * rather than waiting: Ruby's blocking reads and writes then call io_wait and try again, while
- * read_nonblock and write_nonblock (which come here too) must not wait. */
-/* Whether `base` is the IO's own read buffer. Ruby fills it only from io_fillbuf (gets, read,
- * each_line, eof?...), which waits and tries again after EAGAIN whatever happens: such a read may
- * wait here, saving the round trip through io_wait. read_nonblock and readpartial read into the
- * caller's string instead, and must not wait. */
-static int
-internal_read_buffer(VALUE io, const void *base)
-{
-    if (!RB_TYPE_P(io, T_FILE) || !RFILE(io)->fptr) return 0;
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-    return RFILE(io)->fptr->rbuf.ptr == base;
-#pragma GCC diagnostic pop
-}
-
-/* One transfer done by the backend (io_uring): submits it and waits for its completion under the
- * IO's timeout. Returns bytes or -errno; *timed_out when the time ran out with nothing done. */
-static long
-transfer_by_backend(struct evt_loop *loop, VALUE io, VALUE buffer, struct evt_op *op, int *timed_out)
-{
-    struct evt_waiter w;
-    waiter_init(&w, rb_fiber_current());
-    struct evt_wait wait = {loop, &w, EVT_WAIT_OP, io, Qnil, NULL, timeout_ns(rb_io_timeout(io)), loop->forks,
-                            op, buffer, 0};
-    rb_ensure(wait_body, (VALUE)&wait, wait_ensure, (VALUE)&wait);
-    *timed_out = w.result == EVT_TIMED_OUT && op->result <= 0;
-    return op->result;
-}
-
-/* Whether the backend does this transfer itself (io_uring): one that may wait for the descriptor,
- * so the kernel does the waiting too; a file's at any position. A try that must not wait
- * (read_nonblock) is one system call, cheaper than a trip through the loop; positioned transfers
- * on anything but a file go to pread(2) and pwrite(2), which fail as Ruby expects. */
-static inline int
-by_backend_transfer(struct evt_loop *loop, struct evt_registration *reg, off_t position, int may_wait)
-{
-    if (!loop->backend->transfer) return 0;
-    if (reg->flags & EVT_REG_FILE) return 1;
-    return position < 0 && may_wait;
-}
-
-/* Whether read_nonblock called this hook: the one reader that must not wait. sysread comes with the
- * same arguments and must wait (it does not try again after EAGAIN), so the stack says which. */
-static int
-called_by_read_nonblock(void)
-{
-    VALUE frames[2];
-    int lines[2];
-    /* Frame 0 is this hook. (Ruby 3.3's `start` does not count C frames: ask from the top.) */
-    if (rb_profile_frames(0, 2, frames, lines) < 2) return 0;
-    VALUE name = rb_profile_frame_method_name(frames[1]);
-    return RB_TYPE_P(name, T_STRING) && RSTRING_LEN(name) == 13 && memcmp(RSTRING_PTR(name), "read_nonblock", 13) == 0;
-}
-
-static VALUE
-io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset_value, off_t position, int events)
-{
-    struct evt_loop *loop = loop_get(self);
-    int fd = rb_io_descriptor(io);
-    size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
-    struct evt_registration *reg = transfer_registration(loop, io, fd);
-    /* Length 0 asks for one transfer and allows -EAGAIN. Only read_nonblock needs that: Ruby's
-     * other readers and writers either wait and try again after -EAGAIN (so waiting here saves the
-     * round trip) or, like sysread and syswrite, count on the wait (write_nonblock does not come
-     * here at all). */
-    if (length == 0 && position < 0) {
-        if (events == EVT_WRITABLE) {
-            length = 1;
-        }
-        else {
-            const void *base;
-            size_t size;
-            rb_io_buffer_get_bytes_for_reading(buffer, &base, &size);
-            if (internal_read_buffer(io, base) || !called_by_read_nonblock()) length = 1;
-        }
-    }
-    for (;;) {
-        void *base;
-        size_t size;
-        /* Fetched before every try: another fiber may have resized the buffer meanwhile. */
-        if (events == EVT_READABLE) rb_io_buffer_get_bytes_for_writing(buffer, &base, &size);
-        else rb_io_buffer_get_bytes_for_reading(buffer, (const void **)&base, &size);
-        if (offset > size)
-            rb_raise(rb_eArgError, "offset %" PRIuSIZE " is past the end of the buffer (%" PRIuSIZE " bytes)",
-                     offset, size);
-        ssize_t n;
-        int by_backend = by_backend_transfer(loop, reg, position, total < length);
-        if (by_backend) {
-            struct evt_op op = {
-                .kind = EVT_OP_TRANSFER, .fd = fd, .events = events, .base = (char *)base + offset,
-                .size = size - offset, .position = position < 0 ? -1 : position + (off_t)total,
-                .socket = (reg->flags & EVT_REG_SOCKET) && position < 0,
-            };
-            int timed_out;
-            long result = transfer_by_backend(loop, io, buffer, &op, &timed_out);
-            /* Closed while the kernel had it: the result belongs to no one (the epoll backend raises
-             * the same when it looks again after waiting). */
-            if (RB_TYPE_P(io, T_FILE)) rb_io_check_closed(RFILE(io)->fptr);
-            if (timed_out) rb_raise(rb_eIOTimeoutError, "Blocking operation timed out!");
-            if (result < 0) {
-                errno = (int)-result;
-                n = -1;
-            }
-            else {
-                n = result;
-            }
-        }
-        else {
-            n = transfer_once(reg, fd, events, (char *)base + offset, size - offset,
-                              position < 0 ? -1 : position + (off_t)total);
-        }
-        if (n > 0) {
-            total += n;
-            offset += n;
-            if (total >= length) break;
-            if (by_backend) {
-                fd = rb_io_descriptor(io); /* it waited: the IO may have been closed meanwhile */
-                reg = transfer_registration(loop, io, fd);
-            }
-            continue;
-        }
-        if (n == 0) break; /* end of file, or a full buffer */
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            reg->exhausted |= events;
-            if (total >= length) {
-                if (total) break;
-                return INT2FIX(-EAGAIN);
-            }
-            wait_for_transfer(loop, io, fd, events);
-            /* The IO may have been closed meanwhile, and its number given to another file: raise
-             * as Ruby does for a closed stream rather than transfer on someone else's descriptor. */
-            fd = rb_io_descriptor(io);
-            reg = transfer_registration(loop, io, fd);
-            continue;
-        }
-        if (total) break; /* the error shows on the next call */
-        return INT2FIX(-errno);
-    }
-    return SIZET2NUM(total);
-}
-
-/*
- * io_read(io, buffer, length, offset) -> Integer
- *
- * Reads into +buffer+ from +offset+: at least +length+ bytes, end of file or an error (+length+ 0:
- * whatever one read gives). Returns the bytes read, or -errno (-EAGAIN when nothing was ready and
- * +length+ is 0).
- */
-static VALUE
-loop_io_read(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE offset)
-{
-    return io_transfer(self, io, buffer, length, offset, -1, EVT_READABLE);
-}
-
-/*
- * io_write(io, buffer, length, offset) -> Integer
- *
- * Writes from +buffer+ at +offset+: at least +length+ bytes or an error (+length+ 0: whatever one
- * write takes). Returns the bytes written, or -errno (-EAGAIN when nothing could be written and
- * +length+ is 0).
- */
-static VALUE
-loop_io_write(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE offset)
-{
-    return io_transfer(self, io, buffer, length, offset, -1, EVT_WRITABLE);
-}
-
-/*
- * io_pread(io, buffer, from, length, offset) -> Integer
- *
- * As io_read, at file position +from+ (which does not move). Returns the bytes read, or -errno
- * (-ESPIPE for a pipe or socket, as pread(2) says).
- */
-static VALUE
-loop_io_pread(VALUE self, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
-{
-    off_t position = NUM2OFFT(from);
-    if (position < 0) return INT2FIX(-EINVAL); /* as pread(2) says; Ruby names the file */
-    return io_transfer(self, io, buffer, length, offset, position, EVT_READABLE);
-}
-
-/*
- * io_pwrite(io, buffer, from, length, offset) -> Integer
- *
- * pwrite(2) at file position +from+ (which does not move). Returns the bytes written, or -errno.
- *
- * Ruby 3.3 and 3.4 call this hook from IO#pwrite without the GVL: inside the blocking region of
- * io.c's internal_pwrite_func. So it must not suspend the fiber, raise, allocate, or touch the
- * loop: it writes at once, as Ruby does without a scheduler (a file write may wait for the disk).
- */
-static VALUE
-loop_io_pwrite(VALUE self, VALUE io, VALUE buffer, VALUE from, VALUE length_value, VALUE offset_value)
-{
-    off_t position = NUM2OFFT(from);
-    size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
-    if (position < 0) return INT2FIX(-EINVAL);
-    if (!RB_TYPE_P(io, T_FILE) || !RFILE(io)->fptr) return INT2FIX(-EBADF);
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-    int fd = RFILE(io)->fptr->fd; /* rb_io_descriptor raises, which needs the GVL */
-#pragma GCC diagnostic pop
-    if (fd < 0) return INT2FIX(-EBADF);
-    const void *base;
-    size_t size;
-    rb_io_buffer_get_bytes_for_reading(buffer, &base, &size);
-    if (offset > size) return INT2FIX(-EINVAL);
-    do {
-        ssize_t n = pwrite(fd, (const char *)base + offset + total, size - offset - total, position + (off_t)total);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (total) break;
-            return INT2FIX(-errno);
-        }
-        if (n == 0) break;
-        total += n;
-    } while (total < length && offset + total < size);
-    return SIZET2NUM(total);
-}
-
-/* ---- io_select ---------------------------------------------------------------------------------- */
-
-struct select_call {
-    VALUE sets[3];                 /* the arrays given, or nil */
-    struct pollfd *pollfds;
-    struct evt_selection selection;
-};
-
-static const int select_events[3] = {EVT_READABLE, EVT_WRITABLE, EVT_PRIORITY};
-
-/* Polls every IO at once without waiting: the [readable, writable, exceptional] arrays of the
- * objects given, or nil when none is ready. Data already in an IO's read buffer counts as
- * readable, as IO.select has it. */
-static VALUE
-select_now(struct select_call *call)
-{
-    long count = call->selection.count;
-    int n = 0;
-    if (count) {
-        do n = poll(call->pollfds, (nfds_t)count, 0);
-        while (n < 0 && errno == EINTR);
-        if (n < 0) rb_sys_fail("poll");
-    }
-    for (long i = 0; i < count; i++) {
-        if (call->selection.events[i] == EVT_READABLE && !(call->pollfds[i].revents & POLLIN) &&
-            rb_io_read_pending(RFILE(call->selection.ios[i])->fptr)) {
-            call->pollfds[i].revents |= POLLIN;
-            n++;
-        }
-    }
-    if (n == 0) return Qnil;
-
-    VALUE result = rb_ary_new_capa(3);
-    long i = 0;
-    for (int set = 0; set < 3; set++) {
-        VALUE ready = rb_ary_new();
-        long length = NIL_P(call->sets[set]) ? 0 : RARRAY_LEN(call->sets[set]);
-        for (long j = 0; j < length; j++, i++) {
-            short revents = call->pollfds[i].revents;
-            if (revents & POLLNVAL) rb_syserr_fail(EBADF, "select");
-            int hit = set == 0 ? revents & (POLLIN | POLLHUP | POLLERR)
-                    : set == 1 ? revents & (POLLOUT | POLLERR)
-                               : revents & POLLPRI;
-            if (hit) rb_ary_push(ready, RARRAY_AREF(call->sets[set], j));
-        }
-        rb_ary_push(result, ready);
-    }
-    return result;
-}
-
-/*
- * io_select(readables, writables = nil, exceptables = nil, timeout = nil) -> Array or nil
- *
- * IO.select without a thread: every IO is watched by the loop at once, the fiber wakes on the first
- * readiness or the timeout, and gets what IO.select gives: the ready objects of each array, or nil
- * when the time ran out.
- */
-static VALUE
-loop_io_select(int argc, VALUE *argv, VALUE self)
-{
-    rb_check_arity(argc, 1, 4);
-    struct select_call call = {{argv[0], argc > 1 ? argv[1] : Qnil, argc > 2 ? argv[2] : Qnil}};
-    long count = 0;
-    for (int set = 0; set < 3; set++) {
-        if (NIL_P(call.sets[set])) continue;
-        Check_Type(call.sets[set], T_ARRAY);
-        count += RARRAY_LEN(call.sets[set]);
-    }
-    int64_t timeout = timeout_ns(argc > 3 ? argv[3] : Qnil);
-    struct evt_loop *loop = loop_get(self);
-
-    VALUE buffers[5] = {0};
-    call.selection.count = count;
-    call.pollfds = ALLOCV_N(struct pollfd, buffers[0], count);
-    call.selection.ios = ALLOCV_N(VALUE, buffers[1], count);
-    call.selection.fds = ALLOCV_N(int, buffers[2], count);
-    call.selection.events = ALLOCV_N(int, buffers[3], count);
-    call.selection.waiters = ALLOCV_N(struct evt_waiter, buffers[4], count);
-    memset(call.selection.waiters, 0, sizeof(struct evt_waiter) * (size_t)count);
-    long i = 0;
-    for (int set = 0; set < 3; set++) {
-        long length = NIL_P(call.sets[set]) ? 0 : RARRAY_LEN(call.sets[set]);
-        for (long j = 0; j < length; j++, i++) {
-            VALUE io = rb_io_get_io(RARRAY_AREF(call.sets[set], j));
-            call.selection.ios[i] = io;
-            call.selection.fds[i] = rb_io_descriptor(io);
-            call.selection.events[i] = select_events[set];
-            call.pollfds[i] = (struct pollfd){.fd = call.selection.fds[i], .events = (short)select_events[set]};
-        }
-    }
-
-    VALUE result = select_now(&call);
-    int64_t deadline = timeout > 0 ? now_ns() + timeout : timeout;
-    while (NIL_P(result) && timeout != 0) {
-        struct evt_waiter w;
-        waiter_init(&w, rb_fiber_current());
-        struct evt_wait wait = {loop, &w, EVT_WAIT_SELECT, Qnil, Qnil, &call.selection, timeout, loop->forks, NULL, Qnil, 0};
-        rb_ensure(wait_body, (VALUE)&wait, wait_ensure, (VALUE)&wait);
-        result = select_now(&call);
-        if (w.result == EVT_TIMED_OUT) break;
-        if (deadline > 0 && (timeout = deadline - now_ns()) < 0) timeout = 0;
-    }
-    for (int b = 0; b < 5; b++) ALLOCV_END(buffers[b]);
-    return result;
-}
-
-/* ---- timeout_after --------------------------------------------------------------------------- */
-
-struct timeout_call {
-    struct evt_loop *loop;
-    struct evt_timeout timeout;
-};
-
-static VALUE
-timeout_yield(VALUE ptr)
-{
-    return rb_yield(((struct timeout_call *)ptr)->timeout.duration);
-}
-
-static VALUE
-timeout_cancel(VALUE ptr)
-{
-    struct timeout_call *call = (struct timeout_call *)ptr;
-    evt_timers_remove(&call->loop->timers, &call->timeout.timer); /* nothing when it fired */
-    return Qnil;
-}
-
-/*
- * timeout_after(duration, exception_class, *arguments) { |duration| ... } -> the block's value
- *
- * Runs the block; if it still runs after +duration+ seconds, raises exception_class.new(*arguments)
- * in the fiber, wherever it waits. A timer on the loop's heap: the block finishing first removes
- * it. Timeouts nest. A negative duration has expired already: the block's first wait raises.
- */
-static VALUE
-loop_timeout_after(int argc, VALUE *argv, VALUE self)
-{
-    rb_check_arity(argc, 2, UNLIMITED_ARGUMENTS);
-    rb_need_block();
-    /* A negative duration has already expired (the timeout gem of Ruby 3.3 says so without a
-     * scheduler; 3.4's refuses it before calling here): the first wait raises. */
-    int expired = rb_obj_is_kind_of(argv[0], rb_cNumeric) && RTEST(rb_funcall(argv[0], rb_intern("negative?"), 0));
-    int64_t duration = expired ? 0 : timeout_ns(argv[0]);
-    struct evt_loop *loop = loop_get(self);
-    if (duration < 0) return rb_yield(argv[0]); /* nil: no limit */
-    struct timeout_call call = {loop};
-    evt_timer_init(&call.timeout.timer, EVT_TIMER_TIMEOUT);
-    call.timeout.fiber = rb_fiber_current();
-    /* Made now, so a bad class fails here, in the caller, not in the loop when the time is up. */
-    call.timeout.exception = rb_make_exception(argc - 1, argv + 1);
-    call.timeout.duration = argv[0];
-    evt_timers_add(&loop->timers, &call.timeout.timer, now_ns() + duration);
-    VALUE result = rb_ensure(timeout_yield, (VALUE)&call, timeout_cancel, (VALUE)&call);
-    RB_GC_GUARD(call.timeout.exception);
-    return result;
-}
-
-/*
- * wait_child_exit(pid) -> true, false or nil
- *
- * Waits in the loop until child +pid+ has exited, leaving it to be reaped: through the backend's
- * own waitid (io_uring, Linux 6.7). true when it exited, false when there is no such child, nil
- * when the backend cannot wait for processes.
- */
-static VALUE
-loop_wait_child_exit(VALUE self, VALUE pid)
-{
-    struct evt_loop *loop = loop_get(self);
-    if (!loop->backend->transfer) return Qnil;
-    siginfo_t info;
-    memset(&info, 0, sizeof(info));
-    struct evt_op op = {.kind = EVT_OP_WAITID, .fd = NUM2PIDT(pid), .base = &info, .position = -1};
-    struct evt_waiter w;
-    waiter_init(&w, rb_fiber_current());
-    struct evt_wait wait = {loop, &w, EVT_WAIT_OP, Qnil, Qnil, NULL, -1, loop->forks, &op, Qnil, 0};
-    rb_ensure(wait_body, (VALUE)&wait, wait_ensure, (VALUE)&wait);
-    if (op.result == -ENOTSUP) return Qnil;
-    return op.result == 0 ? Qtrue : Qfalse;
-}
-
-/*
- * pidfd_open(pid) -> Integer or nil
- *
- * A descriptor that becomes readable when process +pid+ ends (Linux 5.3), or nil where there is none.
- */
-static VALUE
-loop_pidfd_open(VALUE self, VALUE pid)
-{
-#ifdef SYS_pidfd_open
-    int fd = (int)syscall(SYS_pidfd_open, NUM2PIDT(pid), 0);
-    if (fd >= 0) {
-        rb_update_max_fd(fd);
-        return INT2NUM(fd);
-    }
-#endif
-    return Qnil; /* ENOSYS, ESRCH, EPERM under seccomp...: the caller waits another way */
-}
-
-
-/* Blocks the current fiber until unblock or the timeout: 1 if unblocked, 0 if the time ran out. */
-static int
-loop_block(struct evt_loop *loop, int64_t timeout)
-{
-    struct evt_waiter w;
-    waiter_init(&w, rb_fiber_current());
-    int64_t deadline = timeout >= 0 ? now_ns() + timeout : -1;
-    for (;;) {
-        int result = loop_suspend(loop, &w, EVT_WAIT_BLOCK, Qnil, Qnil, timeout);
-        if (result == 1) return 1;
-        if (result == EVT_TIMED_OUT) return 0;
-        if (deadline >= 0 && (timeout = deadline - now_ns()) < 0) timeout = 0;
-    }
-}
-
-/*
- * kernel_sleep(duration = nil) -> nil
- *
- * Sleeps for +duration+ seconds, or until #unblock (nil: no limit). sleep(0) lets the other ready
- * fibers run first.
- */
-static VALUE
-loop_kernel_sleep(int argc, VALUE *argv, VALUE self)
-{
-    rb_check_arity(argc, 0, 1);
-    int64_t timeout = argc ? timeout_ns(argv[0]) : -1;
-    struct evt_loop *loop = loop_get(self);
-    if (timeout == 0) {
-        struct evt_waiter w;
-        waiter_init(&w, rb_fiber_current());
-        loop_suspend(loop, &w, EVT_WAIT_YIELD, Qnil, Qnil, -1);
-        return Qnil;
-    }
-    loop_block(loop, timeout);
-    return Qnil;
-}
-
-/*
- * block(blocker, timeout = nil) -> true or false
- *
- * Blocks the current fiber until #unblock (true) or until +timeout+ seconds have passed (false).
- */
-static VALUE
-loop_block_m(int argc, VALUE *argv, VALUE self)
-{
-    rb_check_arity(argc, 1, 2);
-    int64_t timeout = argc > 1 ? timeout_ns(argv[1]) : -1;
-    return loop_block(loop_get(self), timeout) ? Qtrue : Qfalse;
-}
-
-/*
- * unblock(blocker, fiber) -> nil
- *
- * Wakes +fiber+ from #block or #kernel_sleep. Safe from any thread: wakes the loop if it is
- * waiting in the kernel, and costs no system call otherwise.
- */
-static VALUE
-loop_unblock(VALUE self, VALUE blocker, VALUE fiber)
-{
-    struct evt_loop *loop = loop_check(self);
-    st_data_t value;
-    if (st_lookup(loop->unblockable, (st_data_t)fiber, &value)) waiter_wake(loop, (struct evt_waiter *)value, 1);
-    if (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) && loop->backend_data) loop->backend->wakeup(loop);
-    return Qnil;
 }
 
 static int
@@ -1362,15 +730,15 @@ fiber_blocking_p(VALUE fiber)
 static VALUE
 loop_start(VALUE self, VALUE fiber)
 {
-    struct evt_loop *loop = loop_get(self);
+    struct evt_loop *loop = evt_loop_get(self);
     VALUE current = rb_fiber_current();
     if (current == loop->loop_fiber) {
         switch_to(loop, fiber, 1);
     }
     else {
         struct evt_waiter w;
-        waiter_init(&w, current);
-        loop_suspend(loop, &w, EVT_WAIT_START, Qnil, fiber, -1);
+        evt_waiter_init(&w, current);
+        evt_loop_suspend(loop, &w, EVT_WAIT_START, Qnil, fiber, -1);
     }
     return fiber;
 }
@@ -1383,7 +751,7 @@ loop_start(VALUE self, VALUE fiber)
 static VALUE
 loop_started(VALUE self)
 {
-    loop_check(self)->current = rb_fiber_current();
+    evt_loop_check(self)->current = rb_fiber_current();
     return Qnil;
 }
 
@@ -1396,7 +764,7 @@ loop_started(VALUE self)
 static VALUE
 loop_run_m(VALUE self)
 {
-    struct evt_loop *loop = loop_get(self);
+    struct evt_loop *loop = evt_loop_get(self);
     VALUE current = rb_fiber_current();
     if (current != loop->loop_fiber) {
         if (loop->running) rb_raise(eFiberError, "evt: the loop is already running on another fiber");
@@ -1451,7 +819,7 @@ loop_close_backend_m(VALUE self)
 static VALUE
 loop_wakeup(VALUE self)
 {
-    struct evt_loop *loop = loop_check(self);
+    struct evt_loop *loop = evt_loop_check(self);
     if (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) && loop->backend_data) loop->backend->wakeup(loop);
     return Qnil;
 }
@@ -1459,20 +827,20 @@ loop_wakeup(VALUE self)
 static VALUE
 loop_backend(VALUE self)
 {
-    return ID2SYM(rb_intern(loop_check(self)->backend->name));
+    return ID2SYM(rb_intern(evt_loop_check(self)->backend->name));
 }
 
 static VALUE
 loop_closed_p(VALUE self)
 {
-    return loop_check(self)->backend_data ? Qfalse : Qtrue;
+    return evt_loop_check(self)->backend_data ? Qfalse : Qtrue;
 }
 
 /* The number of fibers suspended in the loop. */
 static VALUE
 loop_waiting(VALUE self)
 {
-    return SIZET2NUM(loop_check(self)->waiting);
+    return SIZET2NUM(evt_loop_check(self)->waiting);
 }
 
 static int
@@ -1486,7 +854,7 @@ collect_key(st_data_t key, st_data_t value, st_data_t set)
 static VALUE
 loop_fibers(VALUE self)
 {
-    struct evt_loop *loop = loop_check(self);
+    struct evt_loop *loop = evt_loop_check(self);
     VALUE set = rb_hash_new();
     EACH_WAITER(&loop->ready, ready_link, w) rb_hash_aset(set, w->fiber, Qtrue);
     for (size_t i = 0; i < loop->timers.size; i++)
@@ -1558,7 +926,6 @@ evt_loop_init(VALUE mEvt)
 {
     id_blocking_p = rb_intern("blocking?");
     eFiberError = rb_const_get(rb_cObject, rb_intern("FiberError"));
-    rb_gc_register_address(&cBasicSocket);
     pthread_atfork(NULL, NULL, evt_atfork_child);
 
     evt_cLoop = rb_define_class_under(mEvt, "Loop", rb_cObject);
@@ -1567,16 +934,8 @@ evt_loop_init(VALUE mEvt)
     rb_define_singleton_method(evt_cLoop, "probe", loop_s_probe, 1);
     rb_define_method(evt_cLoop, "initialize", loop_initialize, 1);
 
-    rb_define_method(evt_cLoop, "io_wait", loop_io_wait, 3);
-    rb_define_method(evt_cLoop, "io_read", loop_io_read, 4);
-    rb_define_method(evt_cLoop, "io_write", loop_io_write, 4);
-    rb_define_method(evt_cLoop, "kernel_sleep", loop_kernel_sleep, -1);
-    rb_define_method(evt_cLoop, "block", loop_block_m, -1);
-    rb_define_method(evt_cLoop, "unblock", loop_unblock, 2);
-    rb_define_method(evt_cLoop, "io_pread", loop_io_pread, 5);
-    rb_define_method(evt_cLoop, "io_pwrite", loop_io_pwrite, 5);
-    rb_define_method(evt_cLoop, "io_select", loop_io_select, -1);
-    rb_define_method(evt_cLoop, "timeout_after", loop_timeout_after, -1);
+
+    evt_hooks_init(evt_cLoop);
 
     rb_define_method(evt_cLoop, "run", loop_run_m, 0);
     rb_define_method(evt_cLoop, "scheduler_close", loop_scheduler_close, 0);
@@ -1587,8 +946,6 @@ evt_loop_init(VALUE mEvt)
 
     rb_define_private_method(evt_cLoop, "start", loop_start, 1);
     rb_define_private_method(evt_cLoop, "started", loop_started, 0);
-    rb_define_private_method(evt_cLoop, "pidfd_open", loop_pidfd_open, 1);
-    rb_define_private_method(evt_cLoop, "wait_child_exit", loop_wait_child_exit, 1);
     rb_define_private_method(evt_cLoop, "close_backend", loop_close_backend_m, 0);
     rb_define_private_method(evt_cLoop, "suspended_fibers", loop_fibers, 0);
 }

@@ -11,6 +11,7 @@
 #include <ruby.h>
 #include <ruby/st.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "backend.h"
 #include "list.h"
@@ -85,6 +86,89 @@ struct evt_loop {
 };
 
 extern VALUE evt_cLoop;
+
+/* ---- inside the extension: what hooks.c takes from the core ------------------------------------ */
+
+/* What a finished wait reports besides events (> 0) and "unblocked" (1). */
+enum { EVT_SPURIOUS = 0, EVT_TIMED_OUT = -1 };
+
+/* Registration flags, learnt once per IO object on a descriptor. */
+enum {
+    EVT_REG_CHECKED = 1,   /* O_NONBLOCK and file type looked at */
+    EVT_REG_BLOCKING = 2,  /* a descriptor in blocking mode, not a socket: poll before every transfer */
+    EVT_REG_SOCKET = 4,    /* a socket: transfer with MSG_DONTWAIT (recv, send) */
+    EVT_REG_FILE = 8,      /* a regular file or block device: never waits for readiness */
+};
+
+enum evt_wait_kind { EVT_WAIT_IO, EVT_WAIT_BLOCK, EVT_WAIT_YIELD, EVT_WAIT_START, EVT_WAIT_SELECT, EVT_WAIT_OP };
+
+/* io_select's IOs: a waiter each, all waking the select's own waiter. */
+struct evt_selection {
+    long count;
+    VALUE *ios;
+    int *fds;
+    int *events;
+    struct evt_waiter *waiters;
+};
+
+/* One suspension of the current fiber. The whole of it (linking the waiter into the loop's
+ * structures, switching away, unlinking) runs under rb_ensure, so however the fiber is unwound the
+ * waiter has left every structure before its stack frame goes away. */
+struct evt_wait {
+    struct evt_loop *loop;
+    struct evt_waiter *waiter;
+    enum evt_wait_kind kind;
+    VALUE io;          /* EVT_WAIT_IO */
+    VALUE target;      /* EVT_WAIT_START: the new fiber */
+    struct evt_selection *selection; /* EVT_WAIT_SELECT */
+    int64_t timeout;   /* -1: none */
+    unsigned forks;
+    struct evt_op *op; /* EVT_WAIT_OP */
+    VALUE buffer;      /* EVT_WAIT_OP: the IO::Buffer, locked by us while the kernel may write to it */
+    int locked;
+};
+
+static inline int64_t
+evt_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void
+evt_waiter_init(struct evt_waiter *w, VALUE fiber)
+{
+    w->fiber = fiber;
+    evt_list_init(&w->ready_link);
+    evt_list_init(&w->io_link);
+    evt_timer_init(&w->timer, EVT_TIMER_WAITER);
+    w->owner = NULL;
+    w->fd = -1;
+    w->events = 0;
+    w->result = EVT_SPURIOUS;
+    w->state = EVT_IDLE;
+    w->unblockable = 0;
+    w->allocated = 0;
+}
+
+/* The loop for `self`, after any fork (kernel objects may still be closed). */
+struct evt_loop *evt_loop_check(VALUE self);
+/* The loop for `self`, used from its own thread, kernel objects open. */
+struct evt_loop *evt_loop_get(VALUE self);
+/* nil -> -1 (no limit); otherwise nanoseconds, with Kernel#sleep's errors for bad values. */
+int64_t evt_timeout_ns(VALUE timeout);
+struct evt_registration *evt_registration_get(struct evt_loop *loop, int fd, VALUE io);
+void evt_waiter_wake(struct evt_loop *loop, struct evt_waiter *w, int result);
+/* Suspends the current fiber on `wait` (see struct evt_wait). */
+void evt_loop_wait_for(struct evt_wait *wait);
+int evt_loop_suspend(struct evt_loop *loop, struct evt_waiter *w, enum evt_wait_kind kind, VALUE io, VALUE target,
+                     int64_t timeout);
+/* Waits until fd has one of `events`: returns them, or EVT_TIMED_OUT. */
+int evt_loop_wait_io(struct evt_loop *loop, VALUE io, int fd, int events, int64_t timeout);
+/* Readiness right now, as poll(2) with a zero timeout says. */
+int evt_poll_now(int fd, int events);
+void evt_hooks_init(VALUE cLoop);
 
 /* Called by backends from dispatch() for each descriptor event (EVT_* bits, plus both directions on
  * errors and hang-ups). */
