@@ -26,6 +26,7 @@ enum {
 enum evt_op_kind {
     EVT_OP_TRANSFER,   /* read or write, as below */
     EVT_OP_WAITID,     /* until child process `fd` (a pid) exits; base: a siginfo_t. -ENOTSUP if unsupported */
+    EVT_OP_CLOSE,      /* close(2) of fd. -ENOTSUP if unsupported */
 };
 
 struct evt_op {
@@ -69,6 +70,15 @@ struct evt_backend {
     /* Stops a pending op and returns once its completion is reaped: the kernel is done with the
      * memory. May dispatch other completions meanwhile. */
     void (*cancel)(struct evt_loop *loop, struct evt_op *op);
+
+    /* Optional: fd is about to be closed on the loop's thread and nobody waits on it any more:
+     * whatever the kernel still holds for it (a poll in flight, an interest) goes before this
+     * returns, so the file is released by the close itself. */
+    void (*release)(struct evt_loop *loop, int fd, struct evt_registration *reg);
+    /* Optional: another thread (holding the GVL) is about to close fd, which the loop's fibers
+     * wait on. No request naming the descriptor may reach the kernel after the close: the number
+     * could belong to another file by then. The loop's thread may be waiting in the kernel. */
+    void (*closed_elsewhere)(struct evt_loop *loop, int fd);
 };
 
 /* The backends this build has, fastest first, NULL-terminated. */

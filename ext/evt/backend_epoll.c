@@ -113,6 +113,19 @@ epoll_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
      * next wait. It goes when the file is closed. */
 }
 
+/* The IO is being closed after its waiters left: drop the kernel's registration now, which the
+ * close would not do if the file stays open elsewhere (a dup, a forked child). */
+static void
+epoll_release(struct evt_loop *loop, int fd, struct evt_registration *reg)
+{
+    struct epoll_backend *backend = loop->backend_data;
+    if (!reg->trusted) return;
+    /* ENOENT or EBADF: nothing registered any more, which is the aim. */
+    (void)epoll_ctl(backend->epfd, EPOLL_CTL_DEL, fd, NULL);
+    reg->interest = 0;
+    reg->trusted = 0;
+}
+
 static int
 epoll_wait_events(struct evt_loop *loop, int64_t timeout_ns)
 {
@@ -189,6 +202,7 @@ const struct evt_backend evt_backend_epoll = {
     .wait = epoll_wait_events,
     .dispatch = epoll_dispatch,
     .wakeup = epoll_wakeup,
+    .release = epoll_release,
 };
 
 #endif

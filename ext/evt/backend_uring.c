@@ -14,6 +14,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/wait.h>
@@ -47,6 +48,7 @@ poll_data(int fd, uint32_t serial)
 static const char *probe_reason;
 static int probed;
 static int has_waitid;
+static int has_close;
 static unsigned setup_flags; /* the flags a ring was last made with here */
 
 static const unsigned setup_choices[] = {
@@ -95,6 +97,7 @@ uring_probe(void)
                                  IORING_OP_WRITE,    IORING_OP_RECV,        IORING_OP_SEND};
     for (size_t i = 0; i < sizeof(needed) / sizeof(needed[0]); i++)
         if (!probe || !io_uring_opcode_supported(probe, needed[i])) probe_reason = "the kernel's io_uring lacks operations evt needs";
+    has_close = probe && io_uring_opcode_supported(probe, IORING_OP_CLOSE);
     has_waitid = probe && probe->last_op >= OP_WAITID && (probe->ops[OP_WAITID].flags & IO_URING_OP_SUPPORTED);
     if (probe) io_uring_free_probe(probe);
     io_uring_queue_exit(&ring);
@@ -295,7 +298,14 @@ uring_transfer(struct evt_loop *loop, struct evt_op *op)
 {
     struct uring_backend *backend = loop->backend_data;
     if (op->kind == EVT_OP_WAITID && !has_waitid) return -ENOTSUP;
+    if (op->kind == EVT_OP_CLOSE && !has_close) return -ENOTSUP;
     struct io_uring_sqe *sqe = next_sqe(backend);
+    if (op->kind == EVT_OP_CLOSE) {
+        io_uring_prep_close(sqe, op->fd);
+        io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)op);
+        op->pending = 1;
+        return 0;
+    }
     if (op->kind == EVT_OP_WAITID) {
         prep_waitid(sqe, op->fd, op->base);
         io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)op);
@@ -336,6 +346,61 @@ uring_cancel(struct evt_loop *loop, struct evt_op *op)
     }
 }
 
+/* The IO on fd is being closed on the loop's thread, its waiters gone: their polls' removals are
+ * still queued. Submit them and run the kernel's deferred work, which completes the removed polls
+ * and so lets go of the file before the close. */
+static void
+uring_release(struct evt_loop *loop, int fd, struct evt_registration *reg)
+{
+    struct uring_backend *backend = loop->backend_data;
+    if (!io_uring_sq_ready(&backend->ring)) return;
+    int r = io_uring_submit_and_get_events(&backend->ring);
+    if (r < 0 && r != -EINTR && r != -EBUSY && r != -EAGAIN) rb_syserr_fail(-r, "io_uring_enter");
+    dispatch_completions(loop, backend);
+}
+
+/* Whether a queued request names the descriptor fd. */
+static int
+names_descriptor(const struct io_uring_sqe *sqe, int fd)
+{
+    if (sqe->fd != fd) return 0;
+    switch (sqe->opcode) {
+    case IORING_OP_POLL_ADD:
+    case IORING_OP_READ:
+    case IORING_OP_WRITE:
+    case IORING_OP_RECV:
+    case IORING_OP_SEND:
+    case IORING_OP_CLOSE:
+        return 1;
+    }
+    return 0;
+}
+
+/* Another thread closes fd. If the loop's thread is away from the ring (it waits for the GVL the
+ * closer holds), requests it queued but the kernel has not taken yet become no-ops with the same
+ * user_data, so their waiters still get a completion. If it is in the kernel, or on its way with
+ * the GVL released, every queued request is being taken: wait until the kernel has them (it takes
+ * the file, not the number, with each) — a few microseconds; never longer than 10 ms. */
+static void
+uring_closed_elsewhere(struct evt_loop *loop, int fd)
+{
+    struct uring_backend *backend = loop->backend_data;
+    struct io_uring_sq *sq = &backend->ring.sq;
+    if (!__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST)) {
+        for (unsigned i = io_uring_smp_load_acquire(sq->khead); i != sq->sqe_tail; i++) {
+            struct io_uring_sqe *sqe = &sq->sqes[i & sq->ring_mask];
+            if (!names_descriptor(sqe, fd)) continue;
+            uint64_t data = sqe->user_data;
+            io_uring_prep_nop(sqe);
+            sqe->user_data = data;
+        }
+        return;
+    }
+    unsigned tail = sq->sqe_tail;
+    int64_t deadline = evt_now_ns() + 10000000;
+    while ((int)(tail - io_uring_smp_load_acquire(sq->khead)) > 0 && evt_now_ns() < deadline) sched_yield();
+}
+
 const struct evt_backend evt_backend_uring = {
     .name = "io_uring",
     .probe = uring_probe,
@@ -348,6 +413,8 @@ const struct evt_backend evt_backend_uring = {
     .wakeup = uring_wakeup,
     .transfer = uring_transfer,
     .cancel = uring_cancel,
+    .release = uring_release,
+    .closed_elsewhere = uring_closed_elsewhere,
 };
 
 #endif

@@ -133,6 +133,7 @@ transfer_by_backend(struct evt_loop *loop, VALUE io, VALUE buffer, struct evt_op
     struct evt_wait wait = {loop, &w, EVT_WAIT_OP, io, Qnil, NULL, evt_timeout_ns(rb_io_timeout(io)), loop->forks,
                             op, buffer, 0};
     evt_loop_wait_for(&wait);
+    if (w.result == EVT_CLOSED) evt_raise_closed();
     *timed_out = w.result == EVT_TIMED_OUT && op->result <= 0;
     return op->result;
 }
@@ -426,6 +427,10 @@ loop_io_select(int argc, VALUE *argv, VALUE self)
         evt_waiter_init(&w, rb_fiber_current());
         struct evt_wait wait = {loop, &w, EVT_WAIT_SELECT, Qnil, Qnil, &call.selection, timeout, loop->forks, NULL, Qnil, 0};
         evt_loop_wait_for(&wait);
+        if (w.result == EVT_CLOSED) {
+            for (int b = 0; b < 5; b++) ALLOCV_END(buffers[b]);
+            evt_raise_closed();
+        }
         result = select_now(&call);
         if (w.result == EVT_TIMED_OUT) break;
         if (deadline > 0 && (timeout = deadline - evt_now_ns()) < 0) timeout = 0;

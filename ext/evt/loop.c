@@ -23,6 +23,10 @@
 
 VALUE evt_cLoop;
 
+/* Every loop of the process, for IO#close to look through (one per thread that has a scheduler).
+ * Changed and read with the GVL held. */
+static struct evt_list evt_loops = {&evt_loops, &evt_loops};
+
 static ID id_blocking_p;
 static VALUE eFiberError;
 
@@ -70,6 +74,7 @@ loop_mark(void *ptr)
     rb_gc_mark_movable(loop->loop_fiber);
     rb_gc_mark_movable(loop->current);
     rb_gc_mark_movable(loop->thread);
+    rb_gc_mark_movable(loop->requests);
     EACH_WAITER(&loop->ready, ready_link, w) rb_gc_mark(w->fiber);
     EACH_WAITER(&loop->operations, io_link, w) rb_gc_mark(w->fiber);
     for (size_t i = 0; i < loop->timers.size; i++) {
@@ -103,6 +108,7 @@ loop_compact(void *ptr)
     loop->loop_fiber = rb_gc_location(loop->loop_fiber);
     loop->current = rb_gc_location(loop->current);
     loop->thread = rb_gc_location(loop->thread);
+    loop->requests = rb_gc_location(loop->requests);
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
         if (reg) reg->io = rb_gc_location(reg->io);
@@ -126,6 +132,7 @@ static void
 loop_free(void *ptr)
 {
     struct evt_loop *loop = ptr;
+    evt_list_remove(&loop->link);
     loop_close_backend(loop);
     /* Only the heap waiters: the others live on fiber stacks that may already be gone. */
     EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);
@@ -167,6 +174,8 @@ loop_alloc(VALUE klass)
     loop->loop_fiber = Qnil;
     loop->current = Qnil;
     loop->thread = Qnil;
+    loop->requests = Qnil;
+    evt_list_append(&evt_loops, &loop->link);
     evt_list_init(&loop->ready);
     evt_list_init(&loop->allocated);
     evt_list_init(&loop->operations);
@@ -203,6 +212,8 @@ loop_after_fork(struct evt_loop *loop)
     loop->ready_count = 0;
     evt_timers_clear(&loop->timers);
     st_clear(loop->unblockable);
+    loop->requests = Qnil; /* the other threads are not in the child */
+    loop->has_requests = 0;
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
         if (!reg) continue;
@@ -437,6 +448,127 @@ loop_resume_ready(struct evt_loop *loop, struct evt_waiter *until)
     return 0;
 }
 
+/* ---- closing and interrupting ------------------------------------------------------------------- */
+
+/* Whether a fiber waits in the loop on io (by descriptor fd). */
+static int
+waited_on(struct evt_loop *loop, VALUE io, int fd)
+{
+    if (fd < 0 || fd >= loop->registrations_size || !loop->registrations[fd]) return 0;
+    EACH_WAITER(&loop->registrations[fd]->waiters, io_link, w) {
+        if (w->io == io) return 1;
+    }
+    return 0;
+}
+
+long
+evt_loop_close_io(struct evt_loop *loop, VALUE io, int fd)
+{
+    if (!waited_on(loop, io, fd)) return 0;
+    struct evt_registration *reg = loop->registrations[fd];
+    long woken = 0;
+again:
+    EACH_WAITER(&reg->waiters, io_link, w) {
+        if (w->io != io) continue;
+        struct evt_waiter *target = w;
+        if (w->owner) {
+            /* One of an io_select's IOs: the select raises. */
+            evt_list_remove(&w->io_link);
+            registration_leave(loop, w);
+            target = w->owner;
+        }
+        if (target->state == EVT_WAITING) {
+            evt_waiter_wake(loop, target, EVT_CLOSED);
+            woken++;
+        }
+        if (w->op && w->op->pending && loop->backend_data) {
+            /* A transfer in the kernel holds the file: take it back now. Cancelling may dispatch
+             * other completions, which changes the list: look again from the start. */
+            loop->backend->cancel(loop, w->op);
+            goto again;
+        }
+    }
+    if (reg->io == io && !reg->events && loop->backend->release && loop->backend_data)
+        loop->backend->release(loop, fd, reg);
+    return woken;
+}
+
+/* A request from another thread, which holds the GVL and cannot touch the kernel objects. */
+static void
+loop_request(struct evt_loop *loop, VALUE first, VALUE second)
+{
+    if (NIL_P(loop->requests)) loop->requests = rb_ary_new();
+    rb_ary_push(loop->requests, rb_assoc_new(first, second));
+    loop->has_requests = 1;
+    if (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) && loop->backend_data) loop->backend->wakeup(loop);
+}
+
+long
+evt_io_closing(VALUE io, int fd)
+{
+    long woken = 0;
+    VALUE thread = Qundef;
+    for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
+        struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
+        if (loop->forks != evt_forks || !waited_on(loop, io, fd)) continue;
+        if (RB_UNDEF_P(thread)) thread = rb_thread_current();
+        if (loop->thread == thread) {
+            woken += evt_loop_close_io(loop, io, fd);
+            continue;
+        }
+        /* Another thread's loop: it wakes its fibers itself, as soon as it gets the GVL. Until
+         * then its transfers on fd must not reach the kernel under a number that is free again. */
+        EACH_WAITER(&loop->registrations[fd]->waiters, io_link, w) {
+            if (w->io != io) continue;
+            if (w->state == EVT_WAITING) woken++;
+        }
+        if (loop->backend->closed_elsewhere && loop->backend_data) loop->backend->closed_elsewhere(loop, fd);
+        loop_request(loop, io, INT2FIX(fd));
+    }
+    return woken;
+}
+
+void
+evt_loop_interrupt(struct evt_loop *loop, VALUE fiber, VALUE exception)
+{
+    loop_request(loop, fiber, exception);
+}
+
+static VALUE
+raise_in_fiber(VALUE request)
+{
+    VALUE exception = RARRAY_AREF(request, 1);
+    return rb_fiber_raise(RARRAY_AREF(request, 0), 1, &exception);
+}
+
+static VALUE
+fiber_gone(VALUE request, VALUE error)
+{
+    return Qnil; /* it is not suspended any more (resumed by another fiber): nothing to interrupt */
+}
+
+/* Serves the other threads' requests, on the loop fiber: the closes, and when `interrupts` is set
+ * the fiber interrupts too (which switch fibers: not while the backend holds undispatched events). */
+static void
+loop_take_requests(struct evt_loop *loop, int interrupts)
+{
+    VALUE requests = loop->requests;
+    loop->requests = Qnil;
+    loop->has_requests = 0;
+    if (NIL_P(requests)) return;
+    VALUE own = Qnil; /* an exception for the loop fiber itself, raised once the rest is done */
+    for (long i = 0; i < RARRAY_LEN(requests); i++) {
+        VALUE request = RARRAY_AREF(requests, i);
+        VALUE first = RARRAY_AREF(request, 0), second = RARRAY_AREF(request, 1);
+        if (FIXNUM_P(second)) evt_loop_close_io(loop, first, FIX2INT(second));
+        else if (!interrupts) loop_request(loop, first, second); /* kept for later, without a wakeup */
+        else if (first == rb_fiber_current()) own = second;
+        /* As timeout_after does: control comes back when that fiber waits again or ends. */
+        else if (RTEST(rb_fiber_alive_p(first))) rb_rescue2(raise_in_fiber, request, fiber_gone, request, eFiberError, 0);
+    }
+    if (!NIL_P(own)) rb_exc_raise(own);
+}
+
 static void
 loop_fire_timers(struct evt_loop *loop, int64_t now)
 {
@@ -491,6 +623,8 @@ loop_wait(struct evt_loop *loop, int64_t timeout)
         rb_nogvl(wait_without_gvl, &arguments, wait_unblock, loop, RB_NOGVL_INTR_FAIL);
         __atomic_store_n(&loop->blocked, 0, __ATOMIC_SEQ_CST);
     }
+    /* IOs closed by other threads meanwhile: their waiters learn it before any event for them. */
+    if (loop->has_requests) loop_take_requests(loop, 0);
     if (arguments.result > 0) loop->backend->dispatch(loop);
     else if (arguments.result < 0)
         rb_syserr_fail_str(-arguments.result, rb_sprintf("evt: waiting on the %s backend", loop->backend->name));
@@ -507,6 +641,7 @@ loop_run_iterations(VALUE ptr)
     struct evt_loop *loop = ((struct evt_loop **)ptr)[0];
     struct evt_waiter *until = ((struct evt_waiter **)ptr)[1];
     for (;;) {
+        if (loop->has_requests) loop_take_requests(loop, 1);
         if (loop_resume_ready(loop, until)) return Qnil;
         if (!until && loop->waiting == 0) return Qnil;
         if (!loop->backend_data) loop_open(loop);
@@ -550,6 +685,7 @@ static void
 waiter_attach(struct evt_loop *loop, struct evt_waiter *w, VALUE io)
 {
     struct evt_registration *reg = evt_registration_get(loop, w->fd, io);
+    w->io = io;
     int previous = reg->events;
     reg->events = registration_count(reg, w->events, 1);
     if (reg->events != previous || !reg->trusted) {
@@ -609,9 +745,18 @@ wait_body(VALUE ptr)
             wait->locked = 1;
         }
         wait->op->waiter = w;
+        w->op = wait->op;
         /* In no other structure: the list keeps the fiber (and its stack, which the kernel may be
-         * writing to) alive for the GC. */
-        evt_list_append(&loop->operations, &w->io_link);
+         * writing to) alive for the GC. A transfer hangs on its descriptor's registration, wanting
+         * no event, where closing the IO finds it; a waitid on the loop's list. */
+        if (wait->op->kind == EVT_OP_TRANSFER && !NIL_P(wait->io)) {
+            w->fd = wait->op->fd;
+            w->io = wait->io;
+            evt_list_append(&evt_registration_get(loop, w->fd, wait->io)->waiters, &w->io_link);
+        }
+        else {
+            evt_list_append(&loop->operations, &w->io_link);
+        }
         int err = loop->backend->transfer(loop, wait->op);
         if (err < 0) evt_loop_op_done(loop, wait->op, err);
         break;
@@ -694,6 +839,7 @@ evt_loop_wait_io(struct evt_loop *loop, VALUE io, int fd, int events, int64_t ti
     int64_t deadline = timeout >= 0 ? evt_now_ns() + timeout : -1;
     for (;;) {
         result = evt_loop_suspend(loop, &w, EVT_WAIT_IO, io, Qnil, timeout);
+        if (result == EVT_CLOSED) evt_raise_closed();
         if (result != EVT_SPURIOUS) return result;
         if (deadline >= 0 && (timeout = deadline - evt_now_ns()) < 0) timeout = 0;
     }
@@ -936,6 +1082,7 @@ evt_loop_init(VALUE mEvt)
 
 
     evt_hooks_init(evt_cLoop);
+    evt_close_init(mEvt, evt_cLoop);
 
     rb_define_method(evt_cLoop, "run", loop_run_m, 0);
     rb_define_method(evt_cLoop, "scheduler_close", loop_scheduler_close, 0);

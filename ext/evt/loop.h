@@ -28,6 +28,8 @@ enum { EVT_TIMER_WAITER, EVT_TIMER_TIMEOUT };
 
 struct evt_waiter {
     VALUE fiber;
+    VALUE io;                    /* the IO object it waits on (Qnil: none): closing that IO wakes it */
+    struct evt_op *op;           /* the transfer the backend does for it, if any */
     struct evt_waiter *owner;    /* io_select: a waiter per IO wakes this one instead of itself */
     struct evt_list ready_link;  /* in loop->ready while EVT_READY */
     struct evt_list io_link;     /* in registration->waiters while waiting on a descriptor, or in
@@ -83,6 +85,9 @@ struct evt_loop {
     volatile int blocked;     /* inside the backend's wait without the GVL: wakeups must go to the kernel */
     int running;              /* inside loop_run */
     unsigned forks;           /* evt_forks when the kernel objects were made */
+    struct evt_list link;     /* in the process's list of loops, which IO#close looks through */
+    VALUE requests;           /* from other threads: [io, fd] closed, [fiber, exception] to raise */
+    int has_requests;
 };
 
 extern VALUE evt_cLoop;
@@ -90,7 +95,7 @@ extern VALUE evt_cLoop;
 /* ---- inside the extension: what hooks.c takes from the core ------------------------------------ */
 
 /* What a finished wait reports besides events (> 0) and "unblocked" (1). */
-enum { EVT_SPURIOUS = 0, EVT_TIMED_OUT = -1 };
+enum { EVT_SPURIOUS = 0, EVT_TIMED_OUT = -1, EVT_CLOSED = -2 /* the IO was closed under it */ };
 
 /* Registration flags, learnt once per IO object on a descriptor. */
 enum {
@@ -140,6 +145,8 @@ static inline void
 evt_waiter_init(struct evt_waiter *w, VALUE fiber)
 {
     w->fiber = fiber;
+    w->io = Qnil;
+    w->op = NULL;
     evt_list_init(&w->ready_link);
     evt_list_init(&w->io_link);
     evt_timer_init(&w->timer, EVT_TIMER_WAITER);
@@ -164,11 +171,23 @@ void evt_waiter_wake(struct evt_loop *loop, struct evt_waiter *w, int result);
 void evt_loop_wait_for(struct evt_wait *wait);
 int evt_loop_suspend(struct evt_loop *loop, struct evt_waiter *w, enum evt_wait_kind kind, VALUE io, VALUE target,
                      int64_t timeout);
-/* Waits until fd has one of `events`: returns them, or EVT_TIMED_OUT. */
+/* Waits until fd has one of `events`: returns them, or EVT_TIMED_OUT; raises IOError when the IO is
+ * closed meanwhile. */
 int evt_loop_wait_io(struct evt_loop *loop, VALUE io, int fd, int events, int64_t timeout);
 /* Readiness right now, as poll(2) with a zero timeout says. */
 int evt_poll_now(int fd, int events);
+/* Raises the IOError of a read or write whose IO another fiber or thread closed. */
+NORETURN(void evt_raise_closed(void));
 void evt_hooks_init(VALUE cLoop);
+
+/* IO#close from any thread of this process: wakes every fiber waiting on io (the object, not just
+ * its descriptor) with EVT_CLOSED, before the descriptor is closed. Returns the fibers woken. */
+long evt_io_closing(VALUE io, int fd);
+/* The same, for one loop on its own thread: the kernel lets go of the file before it returns. */
+long evt_loop_close_io(struct evt_loop *loop, VALUE io, int fd);
+/* Ruby 4.0's fiber_interrupt, from any thread: raises exception in fiber where it waits. */
+void evt_loop_interrupt(struct evt_loop *loop, VALUE fiber, VALUE exception);
+void evt_close_init(VALUE mEvt, VALUE cLoop);
 
 /* Called by backends from dispatch() for each descriptor event (EVT_* bits, plus both directions on
  * errors and hang-ups). */

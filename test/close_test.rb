@@ -1,0 +1,323 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# IO#close while fibers wait on the IO (Ruby Bug #18455): every such fiber raises IOError, as a Ruby
+# thread would; only the waiters on that IO object; at a cost that does not grow with the other
+# waiters; and the kernel lets go of the file at once. Ruby 3.3 and 3.4 call no hook on close, so
+# evt intercepts IO#close itself; Ruby 4.0's hooks (io_close, fiber_interrupt) are called directly.
+class CloseTest < Minitest::Test
+  MESSAGE = "stream closed in another thread"
+
+  # A waiter never woken shows as a timeout, sooner than the default.
+  def evt(timeout: 10, &block)
+    super
+  end
+
+  # Runs each waiting block in a fiber of its own, then closes +io+ from another fiber; returns what
+  # each waiter raised (or returned) and whether it ended.
+  def close_while_waiting(io, waiters, close: -> { io.close })
+    outcomes = Array.new(waiters.size)
+    evt do
+      waiters.each_with_index do |waiter, i|
+        Fiber.schedule do
+          outcomes[i] = waiter.call
+        rescue IOError => e
+          outcomes[i] = e
+        end
+      end
+      Fiber.schedule { close.call }
+    end
+    outcomes
+  end
+
+  def fill(pipe)
+    loop { break if pipe.write_nonblock("x" * 65_536, exception: false) == :wait_writable }
+  end
+
+  def assert_closed_under(outcomes)
+    outcomes.each do |outcome|
+      assert_instance_of IOError, outcome, "a waiter was not interrupted by the close: #{outcome.inspect}"
+      assert_equal MESSAGE, outcome.message
+    end
+  end
+
+  def test_readers_of_a_pipe_raise_ioerror
+    r, w = IO.pipe
+    outcomes = close_while_waiting(r, [-> { r.read(10) }, -> { r.gets }, -> { r.readpartial(10) },
+                                       -> { r.wait_readable }, -> { r.sysread(10) }, -> { r.read_nonblock(10, exception: false) && r.getc }])
+    assert_closed_under(outcomes[0, 5])
+    assert r.closed?
+  ensure
+    w&.close
+  end
+
+  def test_readers_of_a_socket_raise_ioerror
+    a, b = UNIXSocket.pair
+    outcomes = close_while_waiting(a, [-> { a.gets }, -> { a.recv(10) }, -> { a.wait_readable(5) }, -> { a.read(1) }])
+    assert_closed_under(outcomes)
+  ensure
+    b&.close
+  end
+
+  def test_a_writer_on_a_full_pipe_raises_ioerror
+    r, w = IO.pipe
+    fill(w)
+    outcomes = close_while_waiting(w, [-> { w.write("more") }, -> { w.wait_writable }])
+    assert_closed_under(outcomes)
+  ensure
+    r&.close
+  end
+
+  def test_accept_raises_ioerror
+    server = TCPServer.new("127.0.0.1", 0)
+    outcomes = close_while_waiting(server, [-> { server.accept }])
+    assert_closed_under(outcomes)
+  end
+
+  def test_io_select_raises_ioerror
+    r, w = IO.pipe
+    other_r, other_w = IO.pipe
+    outcomes = close_while_waiting(r, [-> { IO.select([other_r, r], nil, nil, 5) }])
+    assert_closed_under(outcomes)
+    # The select's other IO is still watched correctly afterwards.
+    evt { Fiber.schedule { other_w.write("x"); assert_equal [[other_r], [], []], IO.select([other_r], nil, nil, 5) } }
+  ensure
+    [w, other_r, other_w].each { |io| io&.close }
+  end
+
+  def test_a_thousand_readers_on_their_own_pipes_all_raise
+    pipes = Array.new(1000) { IO.pipe }
+    outcomes = Array.new(1000)
+    evt do
+      pipes.each_with_index do |(r, _), i|
+        Fiber.schedule do
+          r.read(1)
+        rescue IOError => e
+          outcomes[i] = e.message
+        end
+      end
+      Fiber.schedule { pipes.each { |r, _| r.close } }
+    end
+    assert_equal [MESSAGE] * 1000, outcomes
+  ensure
+    pipes&.each { |_, w| w.close }
+  end
+
+  def test_close_read_and_close_write_wake_their_waiters
+    r, w = IO.pipe
+    outcomes = close_while_waiting(r, [-> { r.read(1) }], close: -> { r.close_read })
+    assert_closed_under(outcomes)
+    w.close
+    r, w = IO.pipe
+    fill(w)
+    outcomes = close_while_waiting(w, [-> { w.write("more") }], close: -> { w.close_write })
+    assert_closed_under(outcomes)
+  ensure
+    [r, w].each { |io| io&.close }
+  end
+
+  def test_close_read_of_a_socket_shuts_it_down_and_the_reader_sees_end_of_file
+    a, b = UNIXSocket.pair
+    outcomes = close_while_waiting(a, [-> { a.read(1) }], close: -> { a.close_read })
+    assert_equal [nil], outcomes
+  ensure
+    [a, b].each { |io| io&.close }
+  end
+
+  def test_close_from_another_thread
+    r, w = IO.pipe
+    a, b = UNIXSocket.pair
+    started = Thread::Queue.new
+    outcomes = []
+    thread = Thread.new do
+      evt do
+        Fiber.schedule { started << 1; r.read(1) rescue outcomes << $! }
+        Fiber.schedule { started << 1; a.gets rescue outcomes << $! }
+      end
+    end
+    2.times { started.pop }
+    Thread.pass until thread.status == "sleep" || !thread.alive? # the loop waits in the kernel
+    r.close
+    a.close
+    # The kernel released the socket: the peer sees end of file.
+    assert_equal "", Timeout.timeout(10) { b.read }
+    assert thread.join(10), "the waiters in the other thread were never woken"
+    assert_closed_under(outcomes)
+    assert_equal 2, outcomes.size
+  ensure
+    [w, b].each { |io| io&.close }
+  end
+
+  def test_close_from_a_fiber_of_another_scheduler
+    r, w = IO.pipe
+    started = Thread::Queue.new
+    outcome = nil
+    reader = Thread.new { evt { Fiber.schedule { started << 1; begin; r.read(1); rescue IOError => e; outcome = e; end } } }
+    started.pop
+    Thread.new { evt { Fiber.schedule { r.close } } }.join
+    assert reader.join(10), "the reader was never woken"
+    assert_closed_under([outcome])
+  ensure
+    w&.close
+  end
+
+  def test_only_the_waiters_on_the_closed_io_object_are_woken
+    r, w = IO.pipe
+    alias_io = IO.for_fd(r.fileno, autoclose: false) # the same descriptor, another IO object
+    result = nil
+    evt do
+      Fiber.schedule { result = r.read(5) }
+      Fiber.schedule do
+        alias_io.close # leaves the descriptor open, and the waiter on r waiting
+        w.write("still")
+      end
+    end
+    assert_equal "still", result
+  ensure
+    [r, w].each { |io| io&.close }
+  end
+
+  def test_the_peer_sees_end_of_file_as_soon_as_close_returns
+    pairs = Array.new(3) { UNIXSocket.pair }
+    seen = nil
+    evt do
+      Fiber.schedule { pairs[0][0].gets rescue nil }          # a read the backend may do itself
+      Fiber.schedule { pairs[1][0].wait_readable rescue nil } # a readiness wait
+      Fiber.schedule { IO.select([pairs[2][0]]) rescue nil }  # a select
+      Fiber.schedule do
+        pairs.each { |a, _| a.close }
+        seen = pairs.map { |_, b| b.read_nonblock(1, exception: false) }
+      end
+    end
+    assert_equal [nil, nil, nil], seen, "a peer did not see end of file at once (:wait_readable: the kernel still held the file)"
+  ensure
+    pairs&.each { |pair| pair.each { |io| io.close unless io.closed? } }
+  end
+
+  def test_a_new_io_on_the_same_number_never_sees_the_old_files_events
+    r, w = IO.pipe
+    keep = r.dup # keeps the old file open after r is closed
+    number = r.fileno
+    outcome = nil
+    evt do
+      Fiber.schedule { r.read(1) rescue nil }
+      Fiber.schedule do
+        r.close
+        new_r, new_w = IO.pipe
+        skip "the new pipe did not get the old number" unless new_r.fileno == number
+        w.write("old") # the old file becomes readable
+        outcome = new_r.wait_readable(0.2) # must time out: nothing was written to the new pipe
+        new_w.write("new")
+        outcome = [outcome, new_r.read(3)]
+        [new_r, new_w].each(&:close)
+      end
+    end
+    assert_equal [nil, "new"], outcome
+  ensure
+    [w, keep].each { |io| io&.close }
+  end
+
+  def test_closing_costs_the_same_with_thousands_of_other_waiters
+    costs = [10, 3000].map do |others|
+      idle = Array.new(others) { IO.pipe }
+      pipes = Array.new(200) { IO.pipe }
+      per_close = nil
+      evt do
+        idle.each { |r, _| Fiber.schedule { r.read(1) } }
+        pipes.each { |r, _| Fiber.schedule { r.read(1) rescue nil } }
+        Fiber.schedule do
+          per_close = elapsed { pipes.each { |r, _| r.close } } / pipes.size
+          idle.each { |_, w| w.write("x") }
+        end
+      end
+      (idle + pipes).each { |pair| pair.each { |io| io.close unless io.closed? } }
+      per_close
+    end
+    # Generous: a cost that grew with the other waiters would be ~300 times larger.
+    assert_operator costs[1], :<, costs[0] * 10 + 0.000_05, "closing cost #{costs.map { |c| (c * 1e6).round(1) }} µs"
+  end
+
+  def test_an_io_nobody_waits_on_closes_as_usual
+    r, w = IO.pipe
+    evt do
+      Fiber.schedule do
+        assert_nil w.close
+        assert_nil w.close # closing twice is allowed
+        assert_raises(IOError) { w.write("x") }
+      end
+    end
+    assert w.closed?
+    assert_equal "", r.read
+  ensure
+    r&.close
+  end
+
+  # Ruby 4.0's hooks, called here directly (no Ruby 4.0 on this machine).
+
+  def test_fiber_interrupt_raises_in_a_waiting_fiber
+    r, w = IO.pipe
+    error = IOError.new("interrupted")
+    outcome = nil
+    evt do
+      reader = Fiber.schedule do
+        r.read(1)
+      rescue IOError => e
+        outcome = e
+      end
+      Fiber.schedule { Fiber.scheduler.fiber_interrupt(reader, error) }
+    end
+    assert_same error, outcome
+  ensure
+    [r, w].each { |io| io&.close }
+  end
+
+  def test_fiber_interrupt_from_another_thread
+    r, w = IO.pipe
+    started = Thread::Queue.new
+    outcome = nil
+    scheduler = reader = nil
+    thread = Thread.new do
+      evt do
+        scheduler = Fiber.scheduler
+        reader = Fiber.schedule do
+          started << 1
+          r.read(1)
+        rescue IOError => e
+          outcome = e
+        end
+      end
+    end
+    started.pop
+    scheduler.fiber_interrupt(reader, IOError.new("from afar"))
+    assert thread.join(10), "the interrupted fiber never ran"
+    assert_equal "from afar", outcome&.message
+  ensure
+    [r, w].each { |io| io&.close }
+  end
+
+  def test_io_close_closes_the_descriptor
+    r, w = IO.pipe
+    fd = r.fileno
+    r.autoclose = false
+    results = nil
+    evt do
+      Fiber.schedule do
+        results = [Fiber.scheduler.io_close(fd), File.exist?("/proc/self/fd/#{fd}") && File.readlink("/proc/self/fd/#{fd}")]
+      end
+    end
+    assert_equal true, results[0]
+    refute_match(/pipe/, results[1].to_s, "the descriptor is still open")
+    assert_raises(Errno::EPIPE) { w.write("x") } # no reader left
+  ensure
+    w&.close
+  end
+
+  def test_io_close_of_a_descriptor_that_is_not_open
+    fd = Process.getrlimit(:NOFILE)[0] - 1
+    skip "descriptor #{fd} is open" if File.exist?("/proc/self/fd/#{fd}")
+    result = nil
+    evt { Fiber.schedule { result = Fiber.scheduler.io_close(fd) } }
+    assert_equal false, result
+  end
+end
