@@ -12,20 +12,24 @@ require_relative "chart"
 
 module Bench
   ROOT = File.expand_path("..", __dir__)
-  SCENARIOS = %w[http-keepalive http-close pipe-pingpong timers idle-connections].freeze
+  SCENARIOS = %w[http-keepalive http-close pipe-pingpong timers idle-connections close-waiters].freeze
   PEERS = %w[blocking threads async-epoll async-uring].freeze
   HZ = Etc.sysconf(Etc::SC_CLK_TCK)
 
   # Sizes: the full run, and --quick (the whole suite in under a minute).
   SIZES = {
-    full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000},
-    quick: {duration: 1, warmup: 1, strace: 1, pairs: 10, messages: 2_000, fibers: 10_000, idle: 1_000},
+    full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000,
+           waiters: [10, 100, 1000, 8000]},
+    quick: {duration: 1, warmup: 1, strace: 1, pairs: 10, messages: 2_000, fibers: 10_000, idle: 1_000,
+            waiters: [10, 100, 1000]},
   }.freeze
 
   NOTES = {
     "timers" => "(peak RSS counts the fibers alive at once: a scheduler that starts them faster has more " \
                 "of them overlapping within the 100 ms)",
     "http-keepalive" => "(syscalls/req: a separate 1-2 s run under strace -c -f, which slows the server down)",
+    "close-waiters" => "(us: IO#close's average time per IO; woken: readers the closes themselves ended with " \
+                       "IOError, of N; HANG: the rest never woke)",
   }.freeze
 
   class Failure < StandardError; end
@@ -143,6 +147,7 @@ module Bench
                   when "pipe-pingpong" then script("pipe_pingpong.rb", subject, @size[:pairs], @size[:messages])
                   when "timers" then timers(subject)
                   when "idle-connections" then idle(subject)
+                  when "close-waiters" then close_waiters(subject)
                   end
         row.merge(figures)
       end
@@ -153,6 +158,7 @@ module Bench
     def not_applicable(scenario, subject)
       return nil if scenario.start_with?("http-")
       return "an HTTP server only" if subject == "c-epoll"
+      return "one thread cannot block on several readers" if scenario == "close-waiters" && subject == "blocking"
       return "one thread cannot hold #{@size[:idle]} waiting connections" if scenario == "idle-connections" && subject == "blocking"
       return "#{@size[:fibers]} sleepers need fibers or as many threads" if scenario == "timers" && %w[blocking threads].include?(subject)
 
@@ -282,19 +288,37 @@ module Bench
       end
     end
 
+    # N readers blocked on N pipes, every read end closed from another fiber (thread): a process per
+    # N. The script stops waiting for readers after a second and says so; a scheduler whose close
+    # wakes nobody is reported as a hang, not waited for.
+    def close_waiters(subject)
+      points = @size[:waiters].map do |n|
+        script("close_waiters.rb", subject, n)
+      rescue Failure, Timeout::Error => e
+        {n: n, error: e.message.lines.first.strip}
+      end
+      measured = points.select { |p| p[:close_avg_us] }
+      raise Failure, points.first[:error] if measured.empty?
+
+      last = measured.last
+      {points: points, n: last[:n], close_avg_us: last[:close_avg_us], woken: last[:woken], hang: points.any? { |p| p[:hang] },
+       flat: measured.size > 1 ? (last[:close_avg_us] / measured.first[:close_avg_us]).round(2) : nil}
+    end
+
     # ---- figures -------------------------------------------------------------------------------
 
     # What each scenario is judged by: lower is better for all of them.
     def metric(scenario)
       {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "pipe-pingpong" => :seconds,
-       "timers" => :seconds, "idle-connections" => :rss_mb}.fetch(scenario)
+       "timers" => :seconds, "idle-connections" => :rss_mb, "close-waiters" => :close_avg_us}.fetch(scenario)
     end
 
     def add_ratios(scenario)
       key = metric(scenario)
       rows = @results.select { |r| r[:scenario] == scenario && r[key] }
       c = rows.find { |r| r[:subject] == "c-epoll" }
-      best_peer = rows.select { |r| PEERS.include?(r[:subject]) }.min_by { |r| r[key] }
+      # A peer that left readers hanging did not do the job, however fast its close.
+      best_peer = rows.select { |r| PEERS.include?(r[:subject]) && !r[:hang] }.min_by { |r| r[key] }
       rows.each do |row|
         row[:vs_c] = (row[key] / c[key]).round(2) if c && row != c
         row[:vs_best_peer] = (row[key] / best_peer[key]).round(2) if best_peer
@@ -303,6 +327,8 @@ module Bench
     end
 
     def print_table(scenario)
+      return print_close_waiters if scenario == "close-waiters"
+
       rows = @results.select { |r| r[:scenario] == scenario }
       columns = if scenario.start_with?("http-")
                   [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
@@ -331,6 +357,33 @@ module Bench
       $stdout.flush
     end
 
+    def print_close_waiters
+      rows = @results.select { |r| r[:scenario] == "close-waiters" }
+      sizes = @size[:waiters]
+      puts
+      puts "close-waiters (#{description("close-waiters")}; lower close_avg_us is better, woken should be N)"
+      puts format("%-13s", "subject") + sizes.map { |n| format(" %9s %10s", "us@#{n}", "woken@#{n}") }.join + format(" %13s", "us@max/us@min")
+      rows.each do |row|
+        line = format("%-13s", row[:subject])
+        if row[:skipped] then line += "  n/a: #{row[:skipped]}"
+        elsif row[:error] then line += "  FAILED: #{row[:error]}"
+        else
+          sizes.each do |n|
+            point = row[:points].find { |p| p[:n] == n } || {}
+            woken = if point[:error] then "FAILED"
+                    elsif point[:woken] then "#{point[:woken]}#{" HANG" if point[:hang]}"
+                    else "-"
+                    end
+            line += format(" %9s %10s", point[:close_avg_us] ? format("%.2f", point[:close_avg_us]) : "-", woken)
+          end
+          line += format(" %13s", row[:flat] ? format("%.2f", row[:flat]) : "-")
+        end
+        puts line
+      end
+      puts NOTES["close-waiters"]
+      $stdout.flush
+    end
+
     def description(scenario)
       case scenario
       when "http-keepalive" then "wrk -t1 -c100 -d#{@size[:duration]}s, keep-alive; blocking with -c1"
@@ -338,6 +391,7 @@ module Bench
       when "pipe-pingpong" then "#{@size[:pairs]} pipe pairs x #{@size[:messages]} x 1 KiB"
       when "timers" then "#{@size[:fibers]} fibers sleeping 0-100 ms"
       when "idle-connections" then "#{@size[:idle]} idle connections, a reader waiting on each"
+      when "close-waiters" then "N = #{@size[:waiters].join(", ")} readers blocked on N pipes, every read end closed"
       end
     end
 

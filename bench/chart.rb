@@ -7,7 +7,8 @@ module Bench
     METRICS = {"http-keepalive" => [:cpu_us_per_req, "server CPU µs per request"],
                "http-close" => [:cpu_us_per_req, "server CPU µs per request"],
                "pipe-pingpong" => [:seconds, "seconds"], "timers" => [:seconds, "seconds"],
-               "idle-connections" => [:rss_mb, "RSS MB"]}.freeze
+               "idle-connections" => [:rss_mb, "RSS MB"],
+               "close-waiters" => [:close_avg_us, "µs per IO#close with a reader waiting, at the largest N"]}.freeze
     WIDTH = 960
     LABEL = 120
     BAR = 520
@@ -59,6 +60,7 @@ module Bench
       parts << format("%.2f× best peer", row[:vs_best_peer]) if row[:vs_best_peer] && row[:subject] != row[:best_peer]
       parts << "best peer" if row[:subject] == row[:best_peer]
       parts << format("%.2f× C", row[:vs_c]) if row[:vs_c]
+      parts << "HANG: #{row[:woken]} of #{row[:n]} woken" if row[:hang]
       parts.join(" · ")
     end
 
