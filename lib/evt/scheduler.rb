@@ -4,7 +4,7 @@ module Evt
   # A Fiber Scheduler: `Fiber.set_scheduler(Evt::Scheduler.new)` makes every blocking operation in a
   # non-blocking fiber of this thread wait in the event loop, while the other fibers run.
   #
-  # The hooks Ruby calls on the hot path live in C, in {Evt::Loop} (ext/evt/loop.c); this class adds
+  # The hooks Ruby calls on the hot path live in C, in {Evt::Loop} (ext/evt/hooks.c); this class adds
   # the rest and is the one place that lists them all:
   #
   # | hook                                   | where                          |
@@ -23,6 +23,8 @@ module Evt
   # | address_resolve(hostname)              | here: {Resolver}'s threads     |
   # | fiber(**options, &block)               | here                           |
   # | scheduler_close                        | C, keeps $! intact             |
+  # | io_close(fd)  (Ruby 4.0)               | C (close.c): through the ring  |
+  # | fiber_interrupt(fiber, exception) (4.0) | C (close.c), any thread       |
   # | close                                  | here                           |
   class Scheduler < Loop
     # @return [Array<Symbol>] the backends that can run on this machine, fastest first.
