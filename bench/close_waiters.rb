@@ -26,7 +26,7 @@ round = lambda do |pause, spawn|
   rescue IOError
     woken += 1
   end
-  readers = pipes.map { |r, _| spawn.call(-> { start_reader.call(r) }) }
+  readers = pipes.map { |r, _| spawn.call(proc { start_reader.call(r) }) } # async passes its task: a proc takes it
   pause.call(readers)
   started = clock.call
   pipes.each { |r, _| r.close }
@@ -48,29 +48,26 @@ finish = lambda do
 end
 keep = [] # after a hang the write ends stay open: closing them would wake what the close did not
 
-if subject == "threads"
+# Every round, until one leaves readers hanging; then the figures, and the end of the process.
+measure = lambda do |pause, spawn|
   rounds.times do
-    avg, woken, pipes = round.call(lambda { |threads|
-      Thread.pass until threads.all? { |t| t.status == "sleep" || !t.alive? }
-      sleep 0.001
-    }, ->(reader) { Thread.new(&reader) })
+    avg, woken, pipes = round.call(pause, spawn)
     results << [avg, woken]
     break keep.concat(pipes.map(&:last)) if woken < count
 
     pipes.each { |_, w| w.close }
   end
   finish.call
+end
+
+if subject == "threads"
+  all_blocked = lambda do |threads|
+    Thread.pass until threads.all? { |t| t.status == "sleep" || !t.alive? }
+    sleep 0.001
+  end
+  measure.call(all_blocked, ->(reader) { Thread.new(&reader) })
 else
   Bench::Subject.run(subject) do
-    Fiber.schedule do
-      rounds.times do
-        avg, woken, pipes = round.call(->(_) { sleep 0.001 }, ->(reader) { Fiber.schedule(&reader) })
-        results << [avg, woken]
-        break keep.concat(pipes.map(&:last)) if woken < count
-
-        pipes.each { |_, w| w.close }
-      end
-      finish.call
-    end
+    Fiber.schedule { measure.call(->(_) { sleep 0.001 }, ->(reader) { Fiber.schedule(&reader) }) }
   end
 end
