@@ -72,7 +72,7 @@ struct evt_backend {
     void (*cancel)(struct evt_loop *loop, struct evt_op *op);
 
     /* Optional: fd is about to be closed on the loop's thread and nobody waits on it any more:
-     * whatever the kernel still holds for it (a poll in flight, an interest) goes before this
+     * whatever the kernel still holds for it (a poll in flight) goes before this
      * returns, so the file is released by the close itself. */
     void (*release)(struct evt_loop *loop, int fd, struct evt_registration *reg);
     /* Optional: another thread (holding the GVL) is about to close fd, which the loop's fibers

@@ -461,12 +461,13 @@ waited_on(struct evt_loop *loop, VALUE io, int fd)
     return 0;
 }
 
-long
-evt_loop_close_io(struct evt_loop *loop, VALUE io, int fd)
+/* Wakes the loop's waiters on io with EVT_CLOSED, on the loop's own thread: the kernel lets go of
+ * the file before this returns. */
+static void
+loop_close_io(struct evt_loop *loop, VALUE io, int fd)
 {
-    if (!waited_on(loop, io, fd)) return 0;
+    if (!waited_on(loop, io, fd)) return;
     struct evt_registration *reg = loop->registrations[fd];
-    long woken = 0;
 again:
     EACH_WAITER(&reg->waiters, io_link, w) {
         if (w->io != io) continue;
@@ -477,10 +478,7 @@ again:
             registration_leave(loop, w);
             target = w->owner;
         }
-        if (target->state == EVT_WAITING) {
-            evt_waiter_wake(loop, target, EVT_CLOSED);
-            woken++;
-        }
+        if (target->state == EVT_WAITING) evt_waiter_wake(loop, target, EVT_CLOSED);
         if (w->op && w->op->pending && loop->backend_data) {
             /* A transfer in the kernel holds the file: take it back now. Cancelling may dispatch
              * other completions, which changes the list: look again from the start. */
@@ -490,7 +488,6 @@ again:
     }
     if (reg->io == io && !reg->events && loop->backend->release && loop->backend_data)
         loop->backend->release(loop, fd, reg);
-    return woken;
 }
 
 /* A request from another thread, which holds the GVL and cannot touch the kernel objects. */
@@ -503,29 +500,23 @@ loop_request(struct evt_loop *loop, VALUE first, VALUE second)
     if (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) && loop->backend_data) loop->backend->wakeup(loop);
 }
 
-long
+void
 evt_io_closing(VALUE io, int fd)
 {
-    long woken = 0;
     VALUE thread = Qundef;
     for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
         struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
         if (loop->forks != evt_forks || !waited_on(loop, io, fd)) continue;
         if (RB_UNDEF_P(thread)) thread = rb_thread_current();
         if (loop->thread == thread) {
-            woken += evt_loop_close_io(loop, io, fd);
+            loop_close_io(loop, io, fd);
             continue;
         }
         /* Another thread's loop: it wakes its fibers itself, as soon as it gets the GVL. Until
          * then its transfers on fd must not reach the kernel under a number that is free again. */
-        EACH_WAITER(&loop->registrations[fd]->waiters, io_link, w) {
-            if (w->io != io) continue;
-            if (w->state == EVT_WAITING) woken++;
-        }
         if (loop->backend->closed_elsewhere && loop->backend_data) loop->backend->closed_elsewhere(loop, fd);
         loop_request(loop, io, INT2FIX(fd));
     }
-    return woken;
 }
 
 void
@@ -560,7 +551,7 @@ loop_take_requests(struct evt_loop *loop, int interrupts)
     for (long i = 0; i < RARRAY_LEN(requests); i++) {
         VALUE request = RARRAY_AREF(requests, i);
         VALUE first = RARRAY_AREF(request, 0), second = RARRAY_AREF(request, 1);
-        if (FIXNUM_P(second)) evt_loop_close_io(loop, first, FIX2INT(second));
+        if (FIXNUM_P(second)) loop_close_io(loop, first, FIX2INT(second));
         else if (!interrupts) loop_request(loop, first, second); /* kept for later, without a wakeup */
         else if (first == rb_fiber_current()) own = second;
         /* As timeout_after does: control comes back when that fiber waits again or ends. */

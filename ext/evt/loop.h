@@ -181,10 +181,8 @@ NORETURN(void evt_raise_closed(void));
 void evt_hooks_init(VALUE cLoop);
 
 /* IO#close from any thread of this process: wakes every fiber waiting on io (the object, not just
- * its descriptor) with EVT_CLOSED, before the descriptor is closed. Returns the fibers woken. */
-long evt_io_closing(VALUE io, int fd);
-/* The same, for one loop on its own thread: the kernel lets go of the file before it returns. */
-long evt_loop_close_io(struct evt_loop *loop, VALUE io, int fd);
+ * its descriptor) with EVT_CLOSED, before the descriptor is closed. */
+void evt_io_closing(VALUE io, int fd);
 /* Ruby 4.0's fiber_interrupt, from any thread: raises exception in fiber where it waits. */
 void evt_loop_interrupt(struct evt_loop *loop, VALUE fiber, VALUE exception);
 void evt_close_init(VALUE mEvt, VALUE cLoop);
