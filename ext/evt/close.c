@@ -129,6 +129,7 @@ loop_io_close(VALUE self, VALUE fd_value)
 static VALUE
 loop_fiber_interrupt(VALUE self, VALUE fiber, VALUE exception)
 {
+    if (!rb_obj_is_fiber(fiber)) rb_raise(rb_eTypeError, "evt: fiber_interrupt needs a Fiber, not %" PRIsVALUE, rb_obj_class(fiber));
     evt_loop_interrupt(evt_loop_check(self), fiber, exception);
     return Qnil;
 }

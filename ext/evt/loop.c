@@ -604,6 +604,9 @@ static void
 loop_wait(struct evt_loop *loop, int64_t timeout)
 {
     struct wait_arguments arguments = {loop, timeout, 0};
+    /* A request made while the fibers ran (another thread got the GVL then) saw no wait to end:
+     * take it now rather than after the wait. Later ones see `blocked` and wake the wait. */
+    if (loop->has_requests) arguments.timeout = timeout = 0;
     if (timeout == 0) {
         arguments.result = loop->backend->wait(loop, 0); /* a poll: not worth giving up the GVL */
     }
