@@ -85,6 +85,7 @@ struct evt_backend {
 extern const struct evt_backend *const evt_backends[];
 
 extern const struct evt_backend evt_backend_epoll;
+extern const struct evt_backend evt_backend_poll;
 extern const struct evt_backend evt_backend_uring;
 
 #endif

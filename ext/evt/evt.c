@@ -8,6 +8,9 @@ const struct evt_backend *const evt_backends[] = {
 #ifdef HAVE_SYS_EPOLL_H
     &evt_backend_epoll,
 #endif
+#ifdef HAVE_POLL_H
+    &evt_backend_poll,
+#endif
     NULL,
 };
 
