@@ -1,11 +1,51 @@
 # frozen_string_literal: true
 
 require_relative "evt/version"
-begin
-  require "evt/#{RUBY_VERSION[/\A\d+\.\d+/]}/evt" # a development build (rake compile)
-rescue LoadError
-  require "evt/evt" # the installed gem's build
+require_relative "evt/select_loop"
+
+module Evt
+  # Loads the C extension (Evt::Loop and its backends); nil when it is loaded, else why not. Where
+  # it cannot be built or loaded (no compiler, JRuby, TruffleRuby, Windows), evt runs on the
+  # pure-Ruby select backend; EVT_NO_EXTENSION=1 asks for that path.
+  def self.load_extension
+    return "EVT_NO_EXTENSION=1" if ENV["EVT_NO_EXTENSION"] == "1"
+
+    begin
+      require "evt/#{RUBY_VERSION[/\A\d+\.\d+/]}/evt" # a development build (rake compile)
+    rescue LoadError
+      require "evt/evt" # the installed gem's build
+    end
+    nil
+  rescue LoadError => e
+    e.message
+  end
+  private_class_method :load_extension
+
+  # Why the C extension is not in use, or nil when it is.
+  EXTENSION_MISSING = load_extension
+  if EXTENSION_MISSING
+    warn "evt: the C extension is not loaded (#{EXTENSION_MISSING}): using the pure-Ruby select backend" \
+      unless ENV["EVT_NO_EXTENSION"] == "1"
+    # The loop Evt::Scheduler runs on: the select loop, where the extension would have put its own.
+    class Loop
+      include SelectLoop
+
+      def self.backends
+        SelectLoop.backends
+      end
+
+      def self.probe(name)
+        SelectLoop.probe(name)
+      end
+    end
+  end
+
+  # @return [Boolean] whether the C extension (io_uring, epoll and poll backends) is loaded.
+  def self.extension?
+    EXTENSION_MISSING.nil?
+  end
 end
+
 require_relative "evt/resolver"
 require_relative "evt/scheduler"
 

@@ -1,6 +1,31 @@
 # frozen_string_literal: true
 
+# Where the extension cannot be built (another Ruby than CRuby, Windows, no working C compiler, no
+# POSIX poll.h), gem install still succeeds: the Makefile builds nothing, and `require "evt"` runs
+# on the pure-Ruby select backend (with one warning).
+def evt_without_extension(reason, makefile = "all install static install-so install-rb clean distclean:\n\t@:\n")
+  puts "evt: #{reason}: installing without the C extension; evt will run on its pure-Ruby select backend"
+  File.write("Makefile", makefile)
+  exit
+end
+
+unless RUBY_ENGINE == "ruby" && !Gem.win_platform?
+  evt_without_extension("#{RUBY_ENGINE} on #{RUBY_PLATFORM} cannot load it")
+end
+
 require "mkmf"
+
+compiles = begin
+  try_compile("int main(void) { return 0; }")
+rescue RuntimeError # mkmf's "The compiler failed to generate an executable file"
+  false
+end
+unless compiles
+  evt_without_extension("no C compiler works here (see mkmf.log)", dummy_makefile($srcdir).join)
+end
+unless have_header("poll.h")
+  evt_without_extension("no poll.h (the loop needs POSIX)", dummy_makefile($srcdir).join)
+end
 
 $CFLAGS << " -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -fvisibility=hidden"
 
@@ -8,6 +33,12 @@ $CFLAGS << " -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-i
 if have_header("sys/epoll.h") && have_header("sys/eventfd.h")
   have_func("epoll_pwait2", "sys/epoll.h")
 end
+
+# poll (POSIX): the portable backend, with ppoll's nanosecond wait where there is one (Linux, the
+# BSDs; glibc declares it under _GNU_SOURCE, which ruby.h defines), and a self-pipe made with pipe2
+# where there is no eventfd.
+have_func("ppoll", "poll.h")
+have_func("pipe2", "unistd.h")
 
 # io_uring through liburing (whatever the headers say, the kernel is probed at run time).
 have_library("uring", "io_uring_queue_init_params", "liburing.h") && have_header("liburing.h")

@@ -1,67 +1,10 @@
 # frozen_string_literal: true
 
 module Evt
-  # A Fiber Scheduler: `Fiber.set_scheduler(Evt::Scheduler.new)` makes every blocking operation in a
-  # non-blocking fiber of this thread wait in the event loop, while the other fibers run.
-  #
-  # The hooks Ruby calls on the hot path live in C, in {Evt::Loop} (ext/evt/hooks.c); this class adds
-  # the rest and is the one place that lists them all:
-  #
-  # | hook                                   | where                          |
-  # |----------------------------------------|--------------------------------|
-  # | io_wait(io, events, timeout)           | C                              |
-  # | io_read(io, buffer, length, offset)    | C                              |
-  # | io_write(io, buffer, length, offset)   | C                              |
-  # | kernel_sleep(duration = nil)           | C                              |
-  # | block(blocker, timeout = nil)          | C                              |
-  # | unblock(blocker, fiber)                | C, safe from any thread        |
-  # | io_pread(io, buffer, from, length, offset)  | C                         |
-  # | io_pwrite(io, buffer, from, length, offset) | C                         |
-  # | io_select(readables, writables, exceptables, timeout) | C, no thread    |
-  # | timeout_after(duration, class, *arguments) | C, on the timer heap       |
-  # | process_wait(pid, flags)               | here: pidfd, else a thread     |
-  # | address_resolve(hostname)              | here: {Resolver}'s threads     |
-  # | fiber(**options, &block)               | here                           |
-  # | scheduler_close                        | C, keeps $! intact             |
-  # | io_close(fd)  (Ruby 4.0)               | C (close.c): through the ring  |
-  # | fiber_interrupt(fiber, exception) (4.0) | C (close.c), any thread       |
-  # | close                                  | here                           |
-  class Scheduler < Loop
-    # @return [Array<Symbol>] the backends that can run on this machine, fastest first.
-    def self.availables
-      Loop.backends.select { |name| Loop.probe(name).nil? }
-    end
-
-    # @param backend [Symbol, String, nil] the event mechanism: one of {availables}. nil takes
-    #   EVT_BACKEND from the environment if set, else the fastest available.
-    # @raise [ArgumentError] the backend is unknown or cannot run here.
-    # @raise [TypeError] backend is not a Symbol, String or nil.
-    def initialize(backend: nil)
-      super(self.class.send(:choose_backend, backend))
-    end
-
-    def self.choose_backend(requested)
-      name = requested
-      source = "backend"
-      if name.nil?
-        name = ENV.fetch("EVT_BACKEND", nil)
-        name = nil if name&.empty?
-        source = "EVT_BACKEND"
-      end
-      available = availables
-      return available.first || raise(ArgumentError, "evt: no backend can run here") if name.nil?
-      unless name.is_a?(Symbol) || name.is_a?(String)
-        raise TypeError, "evt: backend must be a Symbol or String (nil: the fastest), not #{name.class}"
-      end
-
-      name = name.to_sym
-      return name if available.include?(name)
-
-      reason = Loop.backends.include?(name) ? "cannot run here (#{Loop.probe(name)})" : "is unknown"
-      raise ArgumentError, "evt: #{source} #{name.inspect} #{reason}; available: #{available.map(&:inspect).join(", ")}"
-    end
-    private_class_method :choose_backend
-
+  # The hooks written in Ruby, shared by {Scheduler} (on the C loop) and {SelectScheduler} (on the
+  # pure-Ruby loop). Prepended to each, so its methods come before the loop's, whichever loop that
+  # is, and `super` reaches that loop.
+  module Scheduling
     # @!method io_wait(io, events, timeout)
     #   Waits until +io+ has one of +events+ (IO::READABLE, IO::PRIORITY, IO::WRITABLE).
     #   @return [Integer, false] the events that are ready, or false when +timeout+ seconds passed.
@@ -201,6 +144,105 @@ module Evt
                     "(report_on_exception is true):\n#{error.full_message}")
     rescue StandardError
       nil
+    end
+  end
+
+  # A Fiber Scheduler: `Fiber.set_scheduler(Evt::Scheduler.new)` makes every blocking operation in a
+  # non-blocking fiber of this thread wait in the event loop, while the other fibers run.
+  #
+  # The hooks Ruby calls on the hot path live in C, in {Evt::Loop} (ext/evt/hooks.c); the `select`
+  # backend has them all in Ruby ({SelectLoop}, where Ruby does reads and writes itself). The hooks
+  # written in Ruby for every backend are in {Scheduling}. This is the one place that lists them all:
+  #
+  # | hook                                   | where                          |
+  # |----------------------------------------|--------------------------------|
+  # | io_wait(io, events, timeout)           | C                              |
+  # | io_read(io, buffer, length, offset)    | C                              |
+  # | io_write(io, buffer, length, offset)   | C                              |
+  # | kernel_sleep(duration = nil)           | C                              |
+  # | block(blocker, timeout = nil)          | C                              |
+  # | unblock(blocker, fiber)                | C, safe from any thread        |
+  # | io_pread(io, buffer, from, length, offset)  | C                         |
+  # | io_pwrite(io, buffer, from, length, offset) | C                         |
+  # | io_select(readables, writables, exceptables, timeout) | C, no thread    |
+  # | timeout_after(duration, class, *arguments) | C, on the timer heap       |
+  # | process_wait(pid, flags)               | here: pidfd, else a thread     |
+  # | address_resolve(hostname)              | here: {Resolver}'s threads     |
+  # | fiber(**options, &block)               | here                           |
+  # | scheduler_close                        | C, keeps $! intact             |
+  # | io_close(fd)  (Ruby 4.0)               | C (close.c): through the ring  |
+  # | fiber_interrupt(fiber, exception) (4.0) | C (close.c), any thread       |
+  # | close                                  | here                           |
+  #
+  # `Evt::Scheduler.new(backend: :select)` gives an {SelectScheduler}, the same interface on the
+  # pure-Ruby loop (where the C extension is not loaded, Evt::Scheduler itself runs on it).
+  class Scheduler < Loop
+    prepend Scheduling
+
+    # @return [Array<Symbol>] the backends that can run on this machine, fastest first (`select`,
+    #   in pure Ruby, is always last).
+    def self.availables
+      Loop.backends.select { |name| Loop.probe(name).nil? } | SelectLoop.backends
+    end
+
+    # @see #initialize
+    # @return [Scheduler, SelectScheduler] a {SelectScheduler} for the select backend where this
+    #   class runs on the C loop.
+    def self.new(backend: nil)
+      return SelectScheduler.new if !(self <= SelectLoop) && choose_backend(backend) == :select
+
+      super
+    end
+
+    # @param backend [Symbol, String, nil] the event mechanism: one of {availables}. nil takes
+    #   EVT_BACKEND from the environment if set, else the fastest available.
+    # @raise [ArgumentError] the backend is unknown or cannot run here.
+    # @raise [TypeError] backend is not a Symbol, String or nil.
+    def initialize(backend: nil)
+      super(self.class.send(:choose_backend, backend))
+    end
+
+    def self.choose_backend(requested)
+      name = requested
+      source = "backend"
+      if name.nil?
+        name = ENV.fetch("EVT_BACKEND", nil)
+        name = nil if name&.empty?
+        source = "EVT_BACKEND"
+      end
+      available = availables
+      return available.first || raise(ArgumentError, "evt: no backend can run here") if name.nil?
+      unless name.is_a?(Symbol) || name.is_a?(String)
+        raise TypeError, "evt: backend must be a Symbol or String (nil: the fastest), not #{name.class}"
+      end
+
+      name = name.to_sym
+      return name if available.include?(name)
+
+      reason = Loop.backends.include?(name) ? "cannot run here (#{Loop.probe(name)})" : "is unknown"
+      raise ArgumentError, "evt: #{source} #{name.inspect} #{reason}; available: #{available.map(&:inspect).join(", ")}"
+    end
+    private_class_method :choose_backend
+  end
+
+  # The `select` backend's scheduler where the C extension is loaded: an Evt::Scheduler whose loop
+  # is the pure-Ruby {SelectLoop} instead of the C one (whose methods it overrides, every one).
+  # `Evt::Scheduler.new(backend: :select)` makes one. Where the extension is not loaded, Evt::Loop
+  # is the select loop and Evt::Scheduler runs on it directly.
+  class SelectScheduler < Scheduler
+    include SelectLoop
+    prepend Scheduling # again: before the select loop's methods
+
+    # Ruby calls io_pwrite without the GVL, where no Ruby code may run; pread and pwrite are on
+    # files, which never wait, and Ruby does them itself when there is no hook.
+    %i[io_pread io_pwrite].each { |hook| undef_method(hook) if method_defined?(hook) }
+
+    # @param backend [Symbol, String, nil] :select (the only one this class runs) or nil
+    def initialize(backend: :select)
+      name = Scheduler.__send__(:choose_backend, backend || :select)
+      raise ArgumentError, "evt: #{self.class} runs the select backend only, not #{name.inspect}" unless name == :select
+
+      super(name)
     end
   end
 end

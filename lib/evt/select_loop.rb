@@ -1,0 +1,968 @@
+# frozen_string_literal: true
+
+begin
+  require "io/nonblock"
+rescue LoadError
+  nil # no IO#nonblock? here: every descriptor counts as non-blocking
+end
+
+module Evt
+  # The `select` backend: the whole event loop in pure Ruby on IO.select, for platforms where the C
+  # extension cannot be built or loaded (no compiler, JRuby, TruffleRuby, Windows), and on request
+  # (`backend: :select`) everywhere else. A module: {SelectScheduler} (an Evt::Scheduler) includes
+  # it where the extension is loaded, and Evt::Loop itself where it is not.
+  #
+  # It follows ext/evt/loop.c step by step, with Ruby objects where the C core has structs: a
+  # {Waiter} per suspension, a {Timers} heap, a hash of the IOs waited on, a self-pipe for wakeups
+  # from other threads. One loop iteration: serve the other threads' requests, resume the ready
+  # fibers, fire the due timers, wait in IO.select (without the GVL) for every watched IO and the
+  # wakeup pipe, mark the waiters whose IOs are ready.
+  #
+  # io_read and io_write are here too: without them Ruby 3.4 waits for a descriptor inside its own
+  # blocking region (io.c's nogvl_wait_for calls io_wait there), where an IO#close from another
+  # fiber of the thread finds the waiter registered and breaks. io_pread and io_pwrite are not:
+  # Ruby 3.3 and 3.4 call io_pwrite without the GVL, where no Ruby code may run, and positioned
+  # transfers are on files, which never wait. Processes are waited for on a thread. Every wait
+  # allocates a few objects.
+  module SelectLoop
+    BACKENDS = [:select].freeze
+    EVENTS = IO::READABLE | IO::PRIORITY | IO::WRITABLE
+
+    # What a finished wait reports besides events (> 0) and "unblocked" (1), as in loop.h.
+    SPURIOUS = 0
+    TIMED_OUT = -1
+    CLOSED = -2
+
+    # @return [Array<Symbol>] the backends of this loop: [:select]
+    def self.backends
+      BACKENDS
+    end
+
+    # @return [String, nil] nil when +name+ can run here, else why not
+    def self.probe(name)
+      BACKENDS.include?(backend_name(name)) ? nil : "unknown backend"
+    end
+
+    def self.backend_name(name)
+      unless name.is_a?(Symbol) || name.is_a?(String)
+        raise TypeError, "evt: backend name must be a Symbol or String, not #{name.class}"
+      end
+
+      name.to_sym
+    end
+    private_class_method :backend_name
+
+    # One suspension of one fiber: what it waits for and how it ended. A new one per suspension,
+    # so a stale reference (in the ready queue, a timer, a request) can never wake a later wait.
+    class Waiter
+      attr_reader :fiber, :watches
+      attr_accessor :state, :result, :timer, :unblockable, :switcher
+
+      def initialize(fiber)
+        @fiber = fiber
+        @watches = nil # [io, events] pairs: its entries in the loop's watched IOs
+        @state = :idle
+        @result = SPURIOUS
+        @timer = nil
+        @unblockable = false
+        @switcher = false # made for a fiber that switched away (ready_the_switcher)
+      end
+
+      def watch(io, events)
+        (@watches ||= []) << [io, events]
+      end
+    end
+
+    # A timeout_after in progress: raises +exception+ in +fiber+ when its timer fires.
+    Timeout = Struct.new(:fiber, :exception)
+
+    # The timer heap: a binary min-heap on [deadline, sequence]. Removal is lazy (a cancelled timer
+    # stays until it surfaces), with a rebuild when cancelled timers outnumber live ones.
+    class Timers
+      Timer = Struct.new(:deadline, :sequence, :target, :cancelled)
+
+      def initialize
+        @heap = []
+        @sequence = 0
+        @cancelled = 0
+      end
+
+      def add(deadline, target)
+        timer = Timer.new(deadline, @sequence += 1, target, false)
+        @heap << timer
+        sift_up(@heap.size - 1)
+        timer
+      end
+
+      def cancel(timer)
+        return if timer.cancelled
+
+        timer.cancelled = true
+        @cancelled += 1
+        rebuild if @cancelled > 64 && @cancelled * 2 > @heap.size
+      end
+
+      # The earliest live timer, or nil.
+      def first
+        pop while (top = @heap.first) && top.cancelled
+        top
+      end
+
+      # Takes the earliest timer out; a later #cancel of it does nothing.
+      def pop
+        top = @heap.first or return
+        last = @heap.pop
+        unless @heap.empty?
+          @heap[0] = last
+          sift_down(0)
+        end
+        if top.cancelled then @cancelled -= 1
+        else top.cancelled = true
+        end
+        top
+      end
+
+      def live
+        @heap.reject(&:cancelled)
+      end
+
+      def clear
+        @heap.clear
+        @cancelled = 0
+      end
+
+      private
+
+      def earlier?(a, b)
+        a.deadline < b.deadline || (a.deadline == b.deadline && a.sequence < b.sequence)
+      end
+
+      def sift_up(i)
+        while i.positive?
+          parent = (i - 1) / 2
+          break unless earlier?(@heap[i], @heap[parent])
+
+          @heap[i], @heap[parent] = @heap[parent], @heap[i]
+          i = parent
+        end
+      end
+
+      def sift_down(i)
+        size = @heap.size
+        while (left = (2 * i) + 1) < size
+
+          child = left + 1 < size && earlier?(@heap[left + 1], @heap[left]) ? left + 1 : left
+          break unless earlier?(@heap[child], @heap[i])
+
+          @heap[i], @heap[child] = @heap[child], @heap[i]
+          i = child
+        end
+      end
+
+      def rebuild
+        @heap = live
+        @cancelled = 0
+        (@heap.size / 2 - 1).downto(0) { |i| sift_down(i) }
+      end
+    end
+
+    # Every select loop of the process, for IO#close to look through; weakly held.
+    LOOPS = ObjectSpace::WeakMap.new
+    @forks = 0
+
+    class << self
+      # Counts forks, so a loop can tell it was inherited (see {ForkWatch}).
+      attr_reader :forks
+
+      def forked
+        @forks += 1
+      end
+
+      # IO#close (and close_read, close_write) of +io+, from any thread: the waiters on that IO
+      # object, in every select loop, raise IOError.
+      def closing(io)
+        LOOPS.each_key { |loop| loop.__send__(:io_closing, io) }
+      end
+
+      # Prepends {CloseWatch} to IO, once: only processes that use a select loop pay for it.
+      def watch_closes
+        @close_watch ||= IO.prepend(CloseWatch)
+      end
+    end
+
+    # Process._fork, which every fork of Ruby goes through: the child counts it.
+    module ForkWatch
+      def _fork
+        pid = super
+        SelectLoop.forked if pid.zero?
+        pid
+      end
+    end
+    Process.singleton_class.prepend(ForkWatch)
+
+    # Prepended to IO once the first select loop exists: Ruby 3.3 and 3.4 call no scheduler hook on
+    # close. The waiters are told after the descriptor is closed (IO.select holds nothing of it).
+    module CloseWatch
+      def close
+        super
+      ensure
+        SelectLoop.closing(self)
+      end
+
+      def close_read
+        super
+      ensure
+        SelectLoop.closing(self) if closed?
+      end
+
+      def close_write
+        super
+      ensure
+        SelectLoop.closing(self) if closed?
+      end
+    end
+
+    # @param name [Symbol, String] :select
+    # @raise [ArgumentError] any other name
+    def initialize(name)
+      raise "evt: loop already initialized" if @backend
+
+      name = SelectLoop.__send__(:backend_name, name)
+      raise ArgumentError, "evt: unknown backend #{name.inspect}" unless BACKENDS.include?(name)
+
+      @backend = name
+      @loop_fiber = @current = Fiber.current
+      @thread = Thread.current
+      @forks = SelectLoop.forks
+      @ready = []
+      @timers = Timers.new
+      @watched = {}.compare_by_identity # io => {waiter => events}
+      @unblockable = {}.compare_by_identity # fiber => waiter
+      @requests = Thread::Queue.new # from other threads: [kind, subject, argument]
+      @waiting = 0
+      @running = 0
+      @blocked = false
+      @wakeup_r = @wakeup_w = nil
+      SelectLoop.watch_closes
+      LOOPS[self] = true
+      open_backend
+    end
+
+    # @return [Symbol] :select
+    def backend
+      check
+      @backend
+    end
+
+    # @return [Boolean] whether the wakeup pipe is closed (a later use opens it again)
+    def closed?
+      check
+      @wakeup_r.nil?
+    end
+
+    # @return [Integer] the number of fibers suspended in the loop
+    def waiting
+      check
+      @waiting
+    end
+
+    # ---- hooks ------------------------------------------------------------------------------------
+
+    # Waits until +io+ has one of +events+; nil +timeout+ means the IO's own #timeout.
+    # @return [Integer, false] the events that are ready, or false when the time ran out
+    def io_wait(io, events, timeout)
+      get
+      io.fileno # IOError for a closed stream, as Ruby raises
+      timeout = io.timeout if timeout.nil? && io.is_a?(IO)
+      timeout = interval(timeout)
+      events &= EVENTS
+      if timeout&.zero? || events.zero?
+        ready = ready_now(io, events)
+        return ready.zero? ? false : ready
+      end
+      result = wait_io(io, events, timeout)
+      result.positive? ? result : false
+    end
+
+    # Reads into the IO::Buffer at +offset+: at least +length+ bytes, end of file or an error
+    # (+length+ 0: whatever one read gives; -EAGAIN only for read_nonblock, which must not wait).
+    # @return [Integer] bytes read, or -errno
+    def io_read(io, buffer, length, offset)
+      transfer(io, buffer, length, offset, IO::READABLE)
+    end
+
+    # Writes from the IO::Buffer at +offset+: at least +length+ bytes or an error.
+    # @return [Integer] bytes written, or -errno
+    def io_write(io, buffer, length, offset)
+      transfer(io, buffer, length, offset, IO::WRITABLE)
+    end
+
+    # IO.select: every IO watched by the loop at once. Bad input raises what IO.select raises.
+    # @return [Array<Array>, nil] the ready objects of each array, or nil when the time ran out
+    def io_select(readables, writables = nil, exceptables = nil, timeout = nil)
+      get
+      timeout_ns = interval(timeout)
+      result = select_now(readables, writables, exceptables) # validates as IO.select does
+      return result if result || timeout_ns&.zero?
+
+      deadline = timeout_ns && (now + timeout_ns)
+      watches = [[readables, IO::READABLE], [writables, IO::WRITABLE], [exceptables, IO::PRIORITY]]
+      while true # rubocop:disable Style/InfiniteLoop -- see #scheduler_close: no block to break out of
+        waiter = Waiter.new(Fiber.current)
+        watches.each { |ios, events| ios&.each { |object| waiter.watch(object.to_io, events) } }
+        suspend(waiter, :select, timeout: timeout_ns)
+        raise IOError, "stream closed in another thread" if waiter.result == CLOSED
+
+        result = select_now(readables, writables, exceptables)
+        return result if result || waiter.result == TIMED_OUT
+
+        timeout_ns = [deadline - now, 0].max if deadline
+      end
+    end
+
+    # Sleeps +duration+ seconds, or until #unblock (nil: no limit); sleep(0) lets the other ready
+    # fibers run first.
+    def kernel_sleep(*arguments)
+      raise ArgumentError, "wrong number of arguments (given #{arguments.size}, expected 0..1)" if arguments.size > 1
+
+      timeout = arguments.empty? ? nil : interval(arguments.first)
+      get
+      if timeout&.zero?
+        suspend(Waiter.new(Fiber.current), :yield)
+      else
+        block_fiber(timeout)
+      end
+      nil
+    end
+
+    # Blocks the current fiber until #unblock (true) or +timeout+ seconds (false).
+    def block(_blocker, timeout = nil)
+      timeout = interval(timeout)
+      get
+      block_fiber(timeout)
+    end
+
+    # Wakes +fiber+ from #block or #kernel_sleep. Safe from any thread: another thread's request
+    # goes through the queue and the wakeup pipe.
+    def unblock(_blocker, fiber)
+      check
+      if Thread.current == @thread
+        waiter = @unblockable[fiber]
+        wake(waiter, 1) if waiter
+      else
+        request(:unblock, fiber, nil)
+      end
+      nil
+    end
+
+    # Timeout.timeout: raises exception_class.new(*arguments) in the fiber if the block still runs
+    # after +duration+ seconds. A negative duration has expired already.
+    def timeout_after(duration, exception_class, *arguments)
+      raise LocalJumpError, "no block given (yield)" unless block_given?
+
+      expired = duration.is_a?(Numeric) && duration.negative?
+      timeout = expired ? 0 : interval(duration)
+      get
+      return yield(duration) if timeout.nil?
+
+      exception = make_exception(exception_class, arguments)
+      timer = @timers.add(now + timeout, Timeout.new(Fiber.current, exception))
+      begin
+        yield(duration)
+      ensure
+        @timers.cancel(timer)
+      end
+    end
+
+    # Ruby 4.0: closes descriptor +fd+ (its waiters were interrupted already).
+    # @return [Boolean] true when closed, false when it was not open
+    def io_close(fd)
+      get
+      return false if fd.negative?
+
+      IO.for_fd(fd, autoclose: true).close
+      true
+    rescue Errno::EBADF
+      false
+    end
+
+    # Ruby 4.0: raises +exception+ in +fiber+, which waits in this loop. From any thread.
+    def fiber_interrupt(fiber, exception)
+      raise TypeError, "evt: fiber_interrupt needs a Fiber, not #{fiber.class}" unless fiber.is_a?(Fiber)
+
+      request(:interrupt, fiber, exception)
+      nil
+    end
+
+    # Runs the loop until no fiber waits in it. Call it from the blocking fiber that drives the
+    # scheduler.
+    def run
+      get
+      current = Fiber.current
+      if current != @loop_fiber
+        raise FiberError, "evt: the loop is already running on another fiber" if @running.positive?
+        unless current.blocking?
+          raise FiberError, "evt: the loop runs on a blocking fiber (the one that drives the scheduler), " \
+                            "not inside a scheduled fiber"
+        end
+
+        @loop_fiber = current
+      end
+      run_loop(nil)
+      self
+    end
+
+    # Runs every fiber to completion, then closes the wakeup pipe. Ruby 3.3 and 3.4 keep the
+    # exception that ends a thread in $! while this runs, and a `break` or `return` out of a block
+    # clears it: the loop's code uses `while` loops only.
+    def scheduler_close
+      owned
+      current = Fiber.current
+      if current != @loop_fiber && (@running.positive? || !current.blocking?)
+        raise FiberError, "evt: a scheduler is closed from the blocking fiber that drives it, " \
+                          "not from inside a scheduled fiber"
+      end
+      begin
+        run
+      ensure
+        close_pipe
+      end
+      nil
+    end
+
+    # Ends the loop's wait in IO.select, from any thread.
+    def wakeup
+      check
+      signal if @blocked
+      nil
+    end
+
+    private
+
+    # ---- the loop object --------------------------------------------------------------------------
+
+    # The loop, after any fork.
+    def check
+      raise "evt: the scheduler is not initialized" unless @backend
+
+      after_fork if @forks != SelectLoop.forks
+      self
+    end
+
+    # The loop, for its own thread: an idle one moves to the thread that uses it next.
+    def owned
+      check
+      thread = Thread.current
+      if thread != @thread
+        if @waiting.positive? || @running.positive?
+          raise ThreadError, "evt: this scheduler belongs to another thread, where fibers wait in it"
+        end
+
+        @thread = thread
+        @loop_fiber = @current = Fiber.current
+      end
+      self
+    end
+
+    # The loop, ready for its thread: a closed one opens again.
+    def get
+      owned
+      open_backend unless @wakeup_r
+      self
+    end
+
+    def open_backend
+      @wakeup_r, @wakeup_w = IO.pipe
+      @forks = SelectLoop.forks
+    end
+
+    def close_pipe
+      @wakeup_r&.close
+      @wakeup_w&.close
+      @wakeup_r = @wakeup_w = nil
+    end
+
+    def close_backend
+      owned
+      raise FiberError, "evt: the loop is running: it closes when it is done" if @running.positive?
+
+      close_pipe
+      nil
+    end
+
+    # In a forked child: the pipe is the parent's, and so are the fibers waiting here; the forking
+    # fiber now drives the loop (see loop_after_fork in loop.c).
+    def after_fork
+      @forks = SelectLoop.forks
+      close_pipe
+      @ready = []
+      @timers.clear
+      @watched.clear
+      @unblockable.clear
+      @requests = Thread::Queue.new
+      @waiting = 0
+      @running = 0
+      @blocked = false
+      @loop_fiber = @current = Fiber.current
+      @thread = Thread.current
+    end
+
+    def now
+      Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
+    end
+
+    # nil -> nil (no limit); otherwise nanoseconds, with the errors Kernel#sleep gives.
+    def interval(value)
+      return nil if value.nil?
+      raise TypeError, "can't convert #{value.class} into time interval" unless value.is_a?(Numeric)
+      raise ArgumentError, "time interval must not be negative" if value.negative?
+
+      (value * 1_000_000_000).to_i
+    rescue FloatDomainError, RangeError
+      2**62 # practically forever
+    end
+
+    def make_exception(exception_class, arguments)
+      unless exception_class.respond_to?(:exception)
+        raise TypeError, "exception class/object expected" unless exception_class.is_a?(String) && arguments.empty?
+
+        return RuntimeError.new(exception_class)
+      end
+      exception = exception_class.exception(*arguments)
+      raise TypeError, "exception object expected" unless exception.is_a?(Exception)
+
+      exception
+    end
+
+    # ---- readiness without waiting ----------------------------------------------------------------
+
+    # IO.select from a blocking context, so it does not come back here as io_select.
+    def select_now(readables, writables, exceptables)
+      Fiber.blocking { IO.select(readables, writables, exceptables, 0) }
+    end
+
+    def ready_now(io, events)
+      result = select_now(events.anybits?(IO::READABLE) ? [io] : nil, events.anybits?(IO::WRITABLE) ? [io] : nil,
+                          events.anybits?(IO::PRIORITY) ? [io] : nil)
+      return 0 unless result
+
+      (result[0].empty? ? 0 : IO::READABLE) | (result[1].empty? ? 0 : IO::WRITABLE) |
+        (result[2].empty? ? 0 : IO::PRIORITY)
+    end
+
+    # ---- transfers --------------------------------------------------------------------------------
+
+    EAGAIN = -Errno::EAGAIN::Errno
+    EINTR = -Errno::EINTR::Errno
+    PIPE_BUF = 512 # POSIX's least: a writable pipe in blocking mode takes this much without blocking
+
+    # Transfers until at least +length+ bytes (0: one successful transfer), end of file or an error,
+    # waiting in the loop on EAGAIN (see io_transfer in hooks.c).
+    def transfer(io, buffer, length, offset, events)
+      get
+      io.fileno # IOError for a closed stream
+      blocking = io.respond_to?(:nonblock?) && !io.nonblock?
+      if length.zero?
+        # Only read_nonblock must not wait; every other reader and writer waits, here or after.
+        length = 1 unless events == IO::READABLE && called_by_read_nonblock?
+      end
+      total = 0
+      while true # rubocop:disable Style/InfiniteLoop
+        size = buffer.size
+        raise ArgumentError, "offset #{offset} is past the end of the buffer (#{size} bytes)" if offset > size
+
+        result = transfer_once(io, buffer, offset, events, blocking)
+        if result.positive?
+          total += result
+          offset += result
+          break if total >= length
+
+          next
+        end
+        break if result.zero? # end of file, or a full buffer
+        next if result == EINTR
+        return result unless result == EAGAIN
+        return total.positive? ? total : EAGAIN if total >= length
+
+        wait_for_transfer(io, events)
+      end
+      total
+    end
+
+    # One read(2) or write(2) that cannot block the thread: bytes, or -errno. A descriptor in
+    # blocking mode is polled first, and written at most PIPE_BUF bytes at a time.
+    def transfer_once(io, buffer, offset, events, blocking)
+      return EAGAIN if blocking && ready_now(io, events).zero?
+
+      Fiber.blocking do # Ruby's own transfer, not this hook again
+        if events == IO::READABLE
+          buffer.read(io, 0, offset)
+        elsif blocking && buffer.size - offset > PIPE_BUF
+          buffer.slice(offset, PIPE_BUF).write(io, 0, 0)
+        else
+          buffer.write(io, 0, offset)
+        end
+      end
+    end
+
+    # Waits as a read or write would, under the IO's own #timeout.
+    def wait_for_transfer(io, events)
+      timeout = io.is_a?(IO) ? interval(io.timeout) : nil
+      raise IO::TimeoutError, "Blocking operation timed out!" if wait_io(io, events, timeout) == TIMED_OUT
+
+      io.fileno # closed meanwhile: raise rather than transfer on a number another file may have now
+    end
+
+    # Whether read_nonblock called io_read: sysread comes with the same arguments and must wait.
+    def called_by_read_nonblock?
+      label = caller_locations(3, 1)&.first&.label
+      label&.end_with?("read_nonblock") || false
+    end
+
+    # ---- waiting ----------------------------------------------------------------------------------
+
+    def wait_io(io, events, timeout)
+      deadline = timeout && (now + timeout)
+      while true # rubocop:disable Style/InfiniteLoop
+        waiter = Waiter.new(Fiber.current)
+        waiter.watch(io, events)
+        suspend(waiter, :io, timeout: timeout)
+        result = waiter.result
+        raise IOError, "stream closed in another thread" if result == CLOSED
+        return result unless result == SPURIOUS
+
+        timeout = [deadline - now, 0].max if deadline
+      end
+    end
+
+    def block_fiber(timeout)
+      deadline = timeout && (now + timeout)
+      while true # rubocop:disable Style/InfiniteLoop
+        waiter = Waiter.new(Fiber.current)
+        suspend(waiter, :block, timeout: timeout)
+        return true if waiter.result == 1
+        return false if waiter.result == TIMED_OUT
+
+        timeout = [deadline - now, 0].max if deadline
+      end
+    end
+
+    # Suspends the current fiber on +waiter+ until the loop resumes it. However the fiber is
+    # unwound, the waiter leaves every structure before this returns (see wait_body and wait_ensure
+    # in loop.c).
+    def suspend(waiter, kind, timeout: nil, target: nil)
+      forks = @forks
+      waiter.state = :waiting
+      @waiting += 1
+      begin
+        waiter.timer = @timers.add(now + timeout, waiter) if timeout
+        case kind
+        when :io, :select
+          waiter.watches&.each do |io, events|
+            list = (@watched[io] ||= {}.compare_by_identity)
+            list[waiter] = list.fetch(waiter, 0) | events
+          end
+          if kind == :select && waiter.watches.nil? && timeout.nil?
+            make_unblockable(waiter) # nothing to watch, no time limit: sleeps until interrupted
+          end
+        when :block
+          make_unblockable(waiter)
+        when :yield, :start
+          wake(waiter, SPURIOUS)
+        end
+
+        if kind == :start
+          @current = nil # until the new fiber says it runs
+          target.transfer
+        elsif waiter.fiber == @loop_fiber
+          run_loop(waiter) # the loop fiber waits by running the loop
+        else
+          @loop_fiber.transfer
+        end
+      ensure
+        if forks == @forks
+          unless waiter.state == :idle
+            # Resumed by something other than the loop: Fiber#raise or Fiber#kill from another fiber.
+            ready_the_switcher(waiter.fiber) if waiter.fiber != @loop_fiber
+          end
+          detach(waiter)
+          waiter.state = :idle
+          @waiting -= 1
+        end
+      end
+    end
+
+    def make_unblockable(waiter)
+      @unblockable[waiter.fiber] = waiter
+      waiter.unblockable = true
+    end
+
+    # Takes the waiter out of everything it waits on (a stale ready-queue entry is skipped later).
+    def detach(waiter)
+      waiter.watches&.each do |io, _|
+        list = @watched[io] or next
+        list.delete(waiter)
+        @watched.delete(io) if list.empty?
+      end
+      @timers.cancel(waiter.timer) if waiter.timer
+      waiter.timer = nil
+      if waiter.unblockable
+        @unblockable.delete(waiter.fiber) if @unblockable[waiter.fiber].equal?(waiter)
+        waiter.unblockable = false
+      end
+    end
+
+    def wake(waiter, result)
+      return unless waiter.state == :waiting
+
+      detach(waiter)
+      waiter.result = result
+      waiter.state = :ready
+      @ready << waiter
+    end
+
+    # A fiber left its wait without the loop resuming it: the fiber that switched to it must wait in
+    # the ready queue, or it would never run again (see ready_the_switcher in loop.c).
+    def ready_the_switcher(unwound)
+      switcher = @current
+      @current = unwound
+      return if switcher.nil? || switcher == unwound || switcher == @loop_fiber
+      return if @unblockable.key?(switcher) || !switcher.alive?
+
+      waiter = Waiter.new(switcher)
+      waiter.switcher = true
+      waiter.state = :waiting
+      @waiting += 1
+      wake(waiter, SPURIOUS)
+    end
+
+    # ---- running ----------------------------------------------------------------------------------
+
+    def switch_to(fiber, start: false)
+      @current = start ? nil : fiber
+      fiber.transfer
+    ensure
+      @current = @loop_fiber
+    end
+
+    # Runs a new fiber at once, until it waits or ends.
+    def start(fiber)
+      get
+      current = Fiber.current
+      if current == @loop_fiber
+        switch_to(fiber, start: true)
+      else
+        suspend(Waiter.new(current), :start, target: fiber)
+      end
+      fiber
+    end
+
+    # Called by a new scheduled fiber as it begins.
+    def started
+      check
+      @current = Fiber.current
+      nil
+    end
+
+    # Resumes the fibers that were ready when it started; true when +until_waiter+ came up.
+    def resume_ready(until_waiter)
+      count = @ready.size
+      while count.positive? && (waiter = @ready.shift)
+        count -= 1
+        next unless waiter.state == :ready # left meanwhile (Fiber#raise, kill)
+
+        waiter.state = :idle
+        return true if waiter.equal?(until_waiter)
+
+        fiber = waiter.fiber
+        if waiter.switcher
+          @waiting -= 1
+          next unless fiber.alive?
+        end
+        switch_to(fiber)
+      end
+      false
+    end
+
+    def run_loop(until_waiter)
+      @running += 1
+      while true # rubocop:disable Style/InfiniteLoop
+        take_requests(interrupts: true) unless @requests.empty?
+        return if resume_ready(until_waiter)
+        return if until_waiter.nil? && @waiting.zero?
+
+        open_backend unless @wakeup_r
+        time = now
+        fire_timers(time)
+        # A timeout_after raised in a fiber here, and that fiber may have finished the work.
+        return if until_waiter.nil? && @waiting.zero? && @ready.empty?
+
+        first = @timers.first
+        timeout = if !@ready.empty? then 0
+                  elsif first then [first.deadline - time, 0].max
+                  end
+        wait(timeout)
+      end
+    ensure
+      @running -= 1
+      @current = @loop_fiber
+    end
+
+    def fire_timers(time)
+      while (timer = @timers.first) && timer.deadline <= time
+        @timers.pop
+        target = timer.target
+        if target.is_a?(Timeout)
+          # Raised in the fiber, wherever it waits; control comes back when it waits again or ends.
+          target.fiber.raise(target.exception)
+        else
+          target.timer = nil
+          wake(target, TIMED_OUT)
+        end
+      end
+    end
+
+    # Waits in IO.select, without the GVL, for the watched IOs and the wakeup pipe.
+    def wait(timeout)
+      readers = [@wakeup_r]
+      writers = []
+      priority = []
+      closed = nil
+      @watched.each do |io, list|
+        if io.closed? # closed without passing through CloseWatch (or by another thread, just now)
+          (closed ||= []) << io
+          next
+        end
+        events = 0
+        list.each_value { |wanted| events |= wanted }
+        readers << io if events.anybits?(IO::READABLE)
+        writers << io if events.anybits?(IO::WRITABLE)
+        priority << io if events.anybits?(IO::PRIORITY)
+      end
+      closed&.each { |io| io_closing(io) }
+      return unless closed.nil? # their fibers are ready now
+
+      @blocked = true
+      begin
+        # Blocking: in a forked child the loop fiber may be a scheduled one, whose IO.select is ours.
+        result = Fiber.blocking { IO.select(readers, writers, priority, timeout && (timeout / 1e9)) }
+      rescue IOError, Errno::EBADF
+        # An IO closed meanwhile by another thread (its request comes next), or a descriptor
+        # closed under its IO object.
+        result = nil
+        wake_bad_descriptors
+      ensure
+        @blocked = false
+      end
+      # IOs closed by other threads meanwhile: their waiters learn it before any event for them.
+      take_requests(interrupts: false) unless @requests.empty?
+      dispatch(result) if result
+    end
+
+    def dispatch(result)
+      ready = {}.compare_by_identity
+      result[0].each { |io| ready[io] = IO::READABLE }
+      result[1].each { |io| ready[io] = ready.fetch(io, 0) | IO::WRITABLE }
+      result[2].each { |io| ready[io] = ready.fetch(io, 0) | IO::PRIORITY }
+      ready.each do |io, events|
+        if io.equal?(@wakeup_r)
+          Fiber.blocking { @wakeup_r.read_nonblock(4096, exception: false) }
+          next
+        end
+        @watched[io]&.dup&.each do |waiter, wanted|
+          hit = wanted & events
+          wake(waiter, hit) unless hit.zero?
+        end
+      end
+    end
+
+    # Waiters on a descriptor closed under its IO object (IO.for_fd's twin closed it): woken as
+    # ready, so their retry meets EBADF, as poll(2)'s POLLNVAL does in the C backends.
+    def wake_bad_descriptors
+      @watched.keys.each do |io|
+        next if io.closed?
+
+        select_now([io], nil, nil)
+      rescue Errno::EBADF
+        @watched[io]&.dup&.each { |waiter, wanted| wake(waiter, wanted) }
+      end
+    end
+
+    # ---- closing, interrupting and the other threads ----------------------------------------------
+
+    def signal
+      @wakeup_w&.write_nonblock(".", exception: false)
+    rescue IOError
+      nil # closed meanwhile: nothing waits
+    end
+
+    # A request from another thread, served by the loop on its own thread.
+    def request(kind, subject, argument)
+      @requests << [kind, subject, argument]
+      signal if Thread.current != @thread # always: the loop may be on its way into IO.select
+    end
+
+    # IO#close of +io+ (see {.closing}).
+    def io_closing(io)
+      return if @forks != SelectLoop.forks || !@watched.key?(io)
+
+      if Thread.current == @thread
+        @watched[io]&.dup&.each { |waiter, _| wake(waiter, CLOSED) }
+      else
+        request(:closed, io, nil)
+      end
+    end
+
+    # Serves the other threads' requests; fiber interrupts only when +interrupts+ (they switch
+    # fibers: not while IO.select's result waits to be dispatched).
+    def take_requests(interrupts:)
+      later = []
+      own = nil
+      until @requests.empty?
+        kind, subject, argument = @requests.pop(true)
+        case kind
+        when :closed then io_closing(subject)
+        when :unblock
+          waiter = @unblockable[subject]
+          wake(waiter, 1) if waiter
+        when :interrupt
+          if !interrupts then later << [kind, subject, argument]
+          elsif subject == Fiber.current then own = argument
+          elsif subject.alive?
+            begin
+              subject.raise(argument)
+            rescue FiberError
+              nil # not suspended any more: nothing to interrupt
+            end
+          end
+        end
+      end
+      later.each { |item| @requests << item }
+      raise own if own
+    end
+
+    # The fibers suspended in the loop, for tearing it down.
+    def suspended_fibers
+      check
+      fibers = {}.compare_by_identity
+      @ready.each { |waiter| fibers[waiter.fiber] = true if waiter.state == :ready }
+      @timers.live.each do |timer|
+        target = timer.target
+        fibers[target.fiber] = true if target.is_a?(Waiter)
+      end
+      @watched.each_value { |list| list.each { |waiter, _| fibers[waiter.fiber] = true } }
+      @unblockable.each_key { |fiber| fibers[fiber] = true }
+      fibers.delete(Fiber.current)
+      fibers.keys
+    end
+
+    # process_wait's helpers: this loop cannot watch a process itself (a thread waits instead).
+    def wait_child_exit(_pid)
+      nil
+    end
+
+    def pidfd_open(_pid)
+      nil
+    end
+  end
+end
