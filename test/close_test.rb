@@ -272,6 +272,13 @@ class CloseTest < Minitest::Test
     [r, w].each { |io| io&.close }
   end
 
+  def test_fiber_interrupt_needs_a_fiber
+    evt do
+      error = assert_raises(TypeError) { Fiber.scheduler.fiber_interrupt(nil, IOError.new) }
+      assert_match(/needs a Fiber, not NilClass/, error.message)
+    end
+  end
+
   def test_fiber_interrupt_from_another_thread
     r, w = IO.pipe
     started = Thread::Queue.new
@@ -281,11 +288,11 @@ class CloseTest < Minitest::Test
       evt do
         scheduler = Fiber.scheduler
         reader = Fiber.schedule do
-          started << 1
           r.read(1)
         rescue IOError => e
           outcome = e
         end
+        started << reader # it waits in the read by now: a scheduled fiber runs until it waits
       end
     end
     started.pop

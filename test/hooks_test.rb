@@ -97,7 +97,7 @@ class HooksTest < Minitest::Test
   def test_io_select_wakes_on_the_first_ready_io_and_lets_other_fibers_run
     result = ticks = nil
     evt do
-      r1, = IO.pipe
+      r1, w1 = IO.pipe # w1 kept: collected, it would close and make r1 readable (end of file)
       r2, w2 = IO.pipe
       Fiber.schedule do
         sleep 0.02
@@ -105,6 +105,7 @@ class HooksTest < Minitest::Test
       end
       ticks = ticks_during { result = IO.select([r1, r2], nil, nil, 5) }
       assert_equal [[r2], [], []], result
+      w1.close
     end
     assert_operator ticks, :>, 0
   end

@@ -5,11 +5,14 @@ require "evt"
 require "socket"
 require "timeout"
 require "tmpdir"
+require "fileutils"
 
 # Helpers for the behaviour tests. Every test runs on the backend bin/test chose (EVT_BACKEND).
 module EvtTest
   # The backend under test; nil when EVT_BACKEND is unset (the default choice).
   BACKEND = ENV.fetch("EVT_BACKEND", "").then { |name| name.empty? ? nil : name.to_sym }
+  # Whether the tests run on the pure-Ruby select backend (what it cannot offer is in the README).
+  SELECT = BACKEND == :select || !Evt.extension?
 
   # Evt.run with a guard: a hang fails this test instead of stalling the whole run.
   def evt(timeout: 30, &block)

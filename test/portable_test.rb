@@ -1,0 +1,98 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "open3"
+require "rbconfig"
+
+# evt where the C extension cannot be used: the pure-Ruby select backend, the fallback when the
+# extension does not load, an install that needs no compiler; and many descriptors coming and going
+# at once, which the poll backend keeps in one array.
+class PortableTest < Minitest::Test
+  LIB = File.expand_path("../lib", __dir__)
+
+  # A plain Ruby on +lib+ alone: without bundler's load path, which holds this checkout's lib/.
+  def run_ruby(script, env: {}, lib: LIB)
+    plain = {"EVT_BACKEND" => nil, "RUBYOPT" => nil, "RUBYLIB" => nil, "BUNDLE_GEMFILE" => nil, "BUNDLER_SETUP" => nil}
+    Open3.capture3(plain.merge(env), RbConfig.ruby, "-I#{lib}", "-e", script)
+  end
+
+  def test_the_select_backend_is_always_available_and_last
+    assert_equal :select, Evt::Scheduler.availables.last
+  end
+
+  def test_the_select_backend_has_the_whole_interface
+    scheduler = Evt::Scheduler.new(backend: :select)
+    assert_equal :select, scheduler.backend
+    %i[io_wait kernel_sleep block unblock io_select timeout_after process_wait address_resolve fiber
+       scheduler_close io_close fiber_interrupt close run wakeup].each do |hook|
+      assert_respond_to scheduler, hook
+    end
+  ensure
+    scheduler&.close
+  end
+
+  def test_evt_no_extension_runs_on_the_select_backend_without_a_warning
+    out, err, status = run_ruby(<<~RUBY, env: {"EVT_NO_EXTENSION" => "1"})
+      require "evt"
+      p [Evt.extension?, Evt::Scheduler.availables, Evt.run { sleep 0.01; Fiber.scheduler.backend }]
+    RUBY
+    assert status.success?, err
+    assert_equal "[false, [:select], :select]\n", out
+    assert_empty err
+  end
+
+  # A lib/ without the built extension, as an install where it could not be built: one warning, then
+  # the select backend.
+  def test_without_the_built_extension_require_warns_once_and_falls_back_to_select
+    Dir.mktmpdir do |dir|
+      Dir.glob("**/*.rb", base: LIB).each do |path|
+        FileUtils.mkdir_p(File.join(dir, File.dirname(path)))
+        FileUtils.cp(File.join(LIB, path), File.join(dir, path))
+      end
+      out, err, status = run_ruby(<<~RUBY, lib: dir, env: {"EVT_NO_EXTENSION" => nil})
+        require "evt"
+        require "evt"
+        r, w = IO.pipe
+        p [Evt.extension?, Evt::Scheduler.availables, Evt.run { Fiber.schedule { w.write("ok") }; r.read(2) }]
+      RUBY
+      assert status.success?, err
+      assert_equal "[false, [:select], \"ok\"]\n", out
+      assert_equal 1, err.lines.size, err
+      assert_match(/evt: the C extension is not loaded .*: using the pure-Ruby select backend/, err)
+    end
+  end
+
+  # gem install runs extconf.rb and make: with no working compiler both must still succeed.
+  def test_the_extension_build_without_a_compiler_succeeds_and_installs_nothing
+    extconf = File.expand_path("../ext/evt/extconf.rb", __dir__)
+    Dir.mktmpdir do |dir|
+      # mkmf runs the compiler RbConfig names through PATH: with an empty PATH, none works.
+      out, status = Open3.capture2e({"PATH" => dir}, RbConfig.ruby, extconf, chdir: dir)
+      assert status.success?, out
+      assert_match(/no C compiler/, out)
+      out, status = Open3.capture2e("make", chdir: dir)
+      assert status.success?, out
+      out, status = Open3.capture2e("make", "install", "sitearchdir=#{dir}/out", "sitelibdir=#{dir}/out", chdir: dir)
+      assert status.success?, out
+      assert_empty Dir.glob("#{dir}/**/*.{so,bundle,dll}")
+    end
+  end
+
+  # Waiters on many descriptors, added and woken in an order unrelated to their numbers: each wakes
+  # for its own descriptor only (the poll backend moves slots around as they leave).
+  def test_many_descriptors_woken_in_shuffled_order
+    pipes = Array.new(200) { IO.pipe }
+    got = Array.new(pipes.size)
+    order = (0...pipes.size).to_a.shuffle(random: Random.new(7))
+    evt do
+      order.each { |i| Fiber.schedule { got[i] = pipes[i][0].read(3) } }
+      order.reverse_each do |i|
+        pipes[i][1].write(format("%03d", i))
+        sleep 0 if i.even? # some readers leave before the next writes arrive
+      end
+    end
+    assert_equal Array.new(pipes.size) { |i| format("%03d", i) }, got
+  ensure
+    pipes&.flatten&.each(&:close)
+  end
+end
