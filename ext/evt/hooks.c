@@ -578,7 +578,12 @@ static VALUE
 loop_block_m(int argc, VALUE *argv, VALUE self)
 {
     rb_check_arity(argc, 1, 2);
-    int64_t timeout = argc > 1 ? evt_timeout_ns(argv[1]) : -1;
+    VALUE value = argc > 1 ? argv[1] : Qnil;
+    /* Queue#pop(timeout:), Mutex#sleep and friends wait for any duration without a scheduler (Ruby
+     * saturates it), where sleep and IO.select raise RangeError past Time's range. */
+    int huge = (RB_FLOAT_TYPE_P(value) && RFLOAT_VALUE(value) >= 9.2e18) ||
+               (RB_TYPE_P(value, T_BIGNUM) && RBIGNUM_POSITIVE_P(value));
+    int64_t timeout = huge ? INT64_MAX / 4 : evt_timeout_ns(value);
     return loop_block(evt_loop_get(self), timeout) ? Qtrue : Qfalse;
 }
 
