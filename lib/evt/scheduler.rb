@@ -174,6 +174,9 @@ module Evt
   # | fiber_interrupt(fiber, exception) (4.0) | C (close.c), any thread       |
   # | close                                  | here                           |
   #
+  # On the select backend every "C" above is Ruby, in {SelectLoop}; io_pread and io_pwrite are not
+  # defined there (Ruby does them itself).
+  #
   # `Evt::Scheduler.new(backend: :select)` gives an {SelectScheduler}, the same interface on the
   # pure-Ruby loop (where the C extension is not loaded, Evt::Scheduler itself runs on it).
   class Scheduler < Loop
@@ -188,9 +191,16 @@ module Evt
     # @see #initialize
     # @return [Scheduler, SelectScheduler] a {SelectScheduler} for the select backend where this
     #   class runs on the C loop.
-    def self.new(backend: nil)
-      return SelectScheduler.new if !(self <= SelectLoop) && choose_backend(backend) == :select
+    # @raise [ArgumentError] a subclass asked for the select backend there (subclass
+    #   {SelectScheduler} for that).
+    def self.new(*arguments, **options, &block)
+      if !(self <= SelectLoop) && choose_backend(options[:backend]) == :select
+        unless equal?(Scheduler)
+          raise ArgumentError, "evt: #{self} runs on the C loop; for the select backend, subclass Evt::SelectScheduler"
+        end
 
+        return SelectScheduler.new(*arguments, **options, &block)
+      end
       super
     end
 

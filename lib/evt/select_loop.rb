@@ -27,6 +27,7 @@ module Evt
   module SelectLoop
     BACKENDS = [:select].freeze
     EVENTS = IO::READABLE | IO::PRIORITY | IO::WRITABLE
+    FOREVER = 2**61 # nanoseconds: longer timeouts are this one (73 years), as in C
 
     # What a finished wait reports besides events (> 0) and "unblocked" (1), as in loop.h.
     SPURIOUS = 0
@@ -55,12 +56,14 @@ module Evt
     # One suspension of one fiber: what it waits for and how it ended. A new one per suspension,
     # so a stale reference (in the ready queue, a timer, a request) can never wake a later wait.
     class Waiter
-      attr_reader :fiber, :watches
+      attr_reader :fiber
       attr_accessor :state, :result, :timer, :unblockable, :switcher
 
       def initialize(fiber)
         @fiber = fiber
-        @watches = nil # [io, events] pairs: its entries in the loop's watched IOs
+        @io = nil # the IO it waits on, and for which events; io_select's IOs go to @watches
+        @events = 0
+        @watches = nil
         @state = :idle
         @result = SPURIOUS
         @timer = nil
@@ -69,7 +72,24 @@ module Evt
       end
 
       def watch(io, events)
-        (@watches ||= []) << [io, events]
+        if @io.nil? && @watches.nil?
+          @io = io
+          @events = events
+        else
+          @watches ||= [[@io, @events]]
+          @watches << [io, events]
+        end
+      end
+
+      def watching?
+        !@io.nil?
+      end
+
+      # Yields each IO it watches, with the events it wants there.
+      def each_watch
+        if @watches then @watches.each { |io, events| yield io, events }
+        elsif @io then yield @io, @events
+        end
       end
     end
 
@@ -184,18 +204,27 @@ module Evt
         LOOPS.each_key { |loop| loop.__send__(:io_closing, io) }
       end
 
-      # Prepends {CloseWatch} to IO, once: only processes that use a select loop pay for it.
+      # Prepends {CloseWatch} and {ReadNonblockWatch} to IO, once: only processes that use a
+      # select loop pay for them.
       def watch_closes
-        @close_watch ||= IO.prepend(CloseWatch)
+        # Ruby 4.0 wakes the waiters itself, through fiber_interrupt.
+        @close_watch ||= RUBY_VERSION < "4" ? IO.prepend(CloseWatch, ReadNonblockWatch) : IO.prepend(ReadNonblockWatch)
       end
     end
 
-    # Process._fork, which every fork of Ruby goes through: the child counts it.
+    # Process._fork, which every fork of Ruby goes through (Process.daemon aside): the child counts it.
     module ForkWatch
       def _fork
         pid = super
         SelectLoop.forked if pid.zero?
         pid
+      end
+
+      # Forks in C, without _fork; returns in the child only.
+      def daemon(...)
+        result = super(...)
+        SelectLoop.forked
+        result
       end
     end
     Process.singleton_class.prepend(ForkWatch)
@@ -222,6 +251,18 @@ module Evt
       end
     end
 
+    # Ruby sends read_nonblock and sysread to io_read with the same arguments, yet only the first
+    # must not wait: this tells io_read, through a fiber-local flag. (The C hooks ask
+    # rb_profile_frames; caller_locations would cost a microsecond per read.)
+    module ReadNonblockWatch
+      def read_nonblock(...)
+        Thread.current[:__evt_read_nonblock] = true
+        super(...)
+      ensure
+        Thread.current[:__evt_read_nonblock] = nil
+      end
+    end
+
     # @param name [Symbol, String] :select
     # @raise [ArgumentError] any other name
     def initialize(name)
@@ -237,6 +278,8 @@ module Evt
       @ready = []
       @timers = Timers.new
       @watched = {}.compare_by_identity # io => {waiter => events}
+      @blocking_modes = ObjectSpace::WeakMap.new # io => whether its descriptor is in blocking mode
+      @resumes = nil # fiber => how often the loop resumed it, once another thread unblocks
       @unblockable = {}.compare_by_identity # fiber => waiter
       @requests = Thread::Queue.new # from other threads: [kind, subject, argument]
       @waiting = 0
@@ -276,10 +319,10 @@ module Evt
       timeout = io.timeout if timeout.nil? && io.is_a?(IO)
       timeout = interval(timeout)
       events &= EVENTS
-      if timeout&.zero? || events.zero?
-        ready = ready_now(io, events)
-        return ready.zero? ? false : ready
-      end
+      ready = ready_now(io, events) # as the C hook: ready IOs do not wait for a turn of the loop
+      return ready unless ready.zero?
+      return false if timeout&.zero? || events.zero?
+
       result = wait_io(io, events, timeout)
       result.positive? ? result : false
     end
@@ -307,7 +350,7 @@ module Evt
 
       deadline = timeout_ns && (now + timeout_ns)
       watches = [[readables, IO::READABLE], [writables, IO::WRITABLE], [exceptables, IO::PRIORITY]]
-      while true # rubocop:disable Style/InfiniteLoop -- see #scheduler_close: no block to break out of
+      while true # rubocop:disable Style/InfiniteLoop -- the loop's own code leaves no block early (#rescuing)
         waiter = Waiter.new(Fiber.current)
         watches.each { |ios, events| ios&.each { |object| waiter.watch(object.to_io, events) } }
         suspend(waiter, :select, timeout: timeout_ns)
@@ -337,7 +380,7 @@ module Evt
 
     # Blocks the current fiber until #unblock (true) or +timeout+ seconds (false).
     def block(_blocker, timeout = nil)
-      timeout = interval(timeout)
+      timeout = interval(timeout, saturate: true)
       get
       block_fiber(timeout)
     end
@@ -350,7 +393,11 @@ module Evt
         waiter = @unblockable[fiber]
         wake(waiter, 1) if waiter
       else
-        request(:unblock, fiber, nil)
+        # Served by the loop later, and only if it has not resumed the fiber since: else the block
+        # this was meant for is over, and a later one must not end. (Looking the waiter up now
+        # could miss a fiber on its way into #block, which Ruby code may be preempted in.)
+        resumes = (@resumes ||= ObjectSpace::WeakMap.new)
+        request(:unblock, fiber, resumes[fiber] || 0)
       end
       nil
     end
@@ -380,10 +427,11 @@ module Evt
       get
       return false if fd.negative?
 
-      IO.for_fd(fd, autoclose: true).close
+      # Blocking: on Ruby 4.0 the close would come back here as io_close.
+      Fiber.blocking { IO.for_fd(fd, autoclose: true).close }
       true
     rescue Errno::EBADF
-      false
+      false # in a scheduled fiber, which keeps its own $!
     end
 
     # Ruby 4.0: raises +exception+ in +fiber+, which waits in this loop. From any thread.
@@ -473,12 +521,11 @@ module Evt
 
     def open_backend
       @wakeup_r, @wakeup_w = IO.pipe
-      @forks = SelectLoop.forks
     end
 
     def close_pipe
-      @wakeup_r&.close
-      @wakeup_w&.close
+      @wakeup_r&.close unless @wakeup_r&.closed?
+      @wakeup_w&.close unless @wakeup_w&.closed?
       @wakeup_r = @wakeup_w = nil
     end
 
@@ -500,6 +547,7 @@ module Evt
       @watched.clear
       @unblockable.clear
       @requests = Thread::Queue.new
+      @resumes = nil
       @waiting = 0
       @running = 0
       @blocked = false
@@ -512,14 +560,19 @@ module Evt
     end
 
     # nil -> nil (no limit); otherwise nanoseconds, with the errors Kernel#sleep gives.
-    def interval(value)
+    # Past Time's range (2**63 seconds), +saturate+ gives FOREVER (Queue#pop(timeout:) waits any
+    # time without a scheduler), else RangeError (as sleep and IO.select raise).
+    def interval(value, saturate: false)
       return nil if value.nil?
       raise TypeError, "can't convert #{value.class} into time interval" unless value.is_a?(Numeric)
       raise ArgumentError, "time interval must not be negative" if value.negative?
 
-      (value * 1_000_000_000).to_i
-    rescue FloatDomainError, RangeError
-      2**62 # practically forever
+      if value >= 2**63 || (value.is_a?(Float) && value.nan?)
+        return FOREVER if saturate
+
+        raise RangeError, "#{value.is_a?(Float) ? format("%f", value) : value} out of Time range"
+      end
+      [(value * 1_000_000_000).to_i, FOREVER].min
     end
 
     def make_exception(exception_class, arguments)
@@ -532,6 +585,24 @@ module Evt
       raise TypeError, "exception object expected" unless exception.is_a?(Exception)
 
       exception
+    end
+
+    # The block's value, or the exception of +classes+ it raised. On Ruby 3.3 and 3.4, $! holds the
+    # exception that is ending the thread while scheduler_close runs, and a rescue (like a `break`
+    # out of a block) on this fiber would clear it; then the rescue happens on a fiber of its own.
+    def rescuing(*classes)
+      unless $!
+        begin
+          return yield
+        rescue *classes => e
+          return e
+        end
+      end
+      Fiber.new(blocking: true) do
+        yield
+      rescue *classes => e
+        e
+      end.resume
     end
 
     # ---- readiness without waiting ----------------------------------------------------------------
@@ -561,7 +632,7 @@ module Evt
     def transfer(io, buffer, length, offset, events)
       get
       io.fileno # IOError for a closed stream
-      blocking = io.respond_to?(:nonblock?) && !io.nonblock?
+      blocking = blocking_mode?(io)
       if length.zero?
         # Only read_nonblock must not wait; every other reader and writer waits, here or after.
         length = 1 unless events == IO::READABLE && called_by_read_nonblock?
@@ -613,10 +684,22 @@ module Evt
       io.fileno # closed meanwhile: raise rather than transfer on a number another file may have now
     end
 
-    # Whether read_nonblock called io_read: sysread comes with the same arguments and must wait.
+    # Whether read_nonblock called io_read: sysread comes with the same arguments and must wait
+    # ({ReadNonblockWatch} says so, for this fiber).
     def called_by_read_nonblock?
-      label = caller_locations(3, 1)&.first&.label
-      label&.end_with?("read_nonblock") || false
+      Thread.current[:__evt_read_nonblock] || false
+    end
+
+    # Whether +io+'s descriptor is in blocking mode (a FIFO, a tty, a pipe after `nonblock =
+    # false`), so a transfer must look first. Learnt once per IO object, as the C hooks do (an
+    # fcntl per transfer would cost more). Regular files and block devices never wait.
+    def blocking_mode?(io)
+      blocking = @blocking_modes[io]
+      return blocking unless blocking.nil?
+
+      blocking = io.respond_to?(:nonblock?) && !io.nonblock?
+      blocking &&= !(stat = io.stat).file? && !stat.blockdev?
+      @blocking_modes[io] = blocking
     end
 
     # ---- waiting ----------------------------------------------------------------------------------
@@ -658,11 +741,11 @@ module Evt
         waiter.timer = @timers.add(now + timeout, waiter) if timeout
         case kind
         when :io, :select
-          waiter.watches&.each do |io, events|
+          waiter.each_watch do |io, events|
             list = (@watched[io] ||= {}.compare_by_identity)
             list[waiter] = list.fetch(waiter, 0) | events
           end
-          if kind == :select && waiter.watches.nil? && timeout.nil?
+          if kind == :select && !waiter.watching? && timeout.nil?
             make_unblockable(waiter) # nothing to watch, no time limit: sleeps until interrupted
           end
         when :block
@@ -699,11 +782,8 @@ module Evt
 
     # Takes the waiter out of everything it waits on (a stale ready-queue entry is skipped later).
     def detach(waiter)
-      waiter.watches&.each do |io, _|
-        list = @watched[io] or next
-        list.delete(waiter)
-        @watched.delete(io) if list.empty?
-      end
+      # An IO's list stays while it is empty: the next wait drops it, unless a waiter came back.
+      waiter.each_watch { |io, _| @watched[io]&.delete(waiter) }
       @timers.cancel(waiter.timer) if waiter.timer
       waiter.timer = nil
       if waiter.unblockable
@@ -719,6 +799,7 @@ module Evt
       waiter.result = result
       waiter.state = :ready
       @ready << waiter
+      signal if @blocked # from a trap handler while IO.select waits: it must see the fiber ready
     end
 
     # A fiber left its wait without the loop resuming it: the fiber that switched to it must wait in
@@ -740,6 +821,8 @@ module Evt
 
     def switch_to(fiber, start: false)
       @current = start ? nil : fiber
+      # Counted once another thread has unblocked a fiber here (see #unblock).
+      @resumes[fiber] = (@resumes[fiber] || 0) + 1 if @resumes
       fiber.transfer
     ensure
       @current = @loop_fiber
@@ -824,35 +907,42 @@ module Evt
 
     # Waits in IO.select, without the GVL, for the watched IOs and the wakeup pipe.
     def wait(timeout)
+      # Closed behind the loop's back (code that closes every IO it finds): open a new one.
+      if @wakeup_r.closed? || @wakeup_w.closed?
+        close_pipe
+        open_backend
+      end
       readers = [@wakeup_r]
       writers = []
       priority = []
       closed = nil
-      @watched.each do |io, list|
+      @watched.delete_if do |io, list|
+        next true if list.empty? # nobody waits on it any more: the IO may be collected
         if io.closed? # closed without passing through CloseWatch (or by another thread, just now)
           (closed ||= []) << io
-          next
+          next false
         end
         events = 0
         list.each_value { |wanted| events |= wanted }
         readers << io if events.anybits?(IO::READABLE)
         writers << io if events.anybits?(IO::WRITABLE)
         priority << io if events.anybits?(IO::PRIORITY)
+        false
       end
       closed&.each { |io| io_closing(io) }
       return unless closed.nil? # their fibers are ready now
 
       @blocked = true
-      begin
-        # Blocking: in a forked child the loop fiber may be a scheduled one, whose IO.select is ours.
-        result = Fiber.blocking { IO.select(readers, writers, priority, timeout && (timeout / 1e9)) }
-      rescue IOError, Errno::EBADF
+      # Blocking: in a forked child the loop fiber may be a scheduled one, whose IO.select is ours.
+      result = rescuing(IOError, Errno::EBADF) do
+        Fiber.blocking { IO.select(readers, writers, priority, timeout && (timeout / 1e9)) }
+      end
+      @blocked = false
+      if result.is_a?(Exception)
         # An IO closed meanwhile by another thread (its request comes next), or a descriptor
         # closed under its IO object.
         result = nil
         wake_bad_descriptors
-      ensure
-        @blocked = false
       end
       # IOs closed by other threads meanwhile: their waiters learn it before any event for them.
       take_requests(interrupts: false) unless @requests.empty?
@@ -860,18 +950,26 @@ module Evt
     end
 
     def dispatch(result)
-      ready = {}.compare_by_identity
-      result[0].each { |io| ready[io] = IO::READABLE }
-      result[1].each { |io| ready[io] = ready.fetch(io, 0) | IO::WRITABLE }
-      result[2].each { |io| ready[io] = ready.fetch(io, 0) | IO::PRIORITY }
-      ready.each do |io, events|
-        if io.equal?(@wakeup_r)
-          Fiber.blocking { @wakeup_r.read_nonblock(4096, exception: false) }
-          next
+      readable, writable, priority = result
+      readable.each do |io|
+        if io.equal?(@wakeup_r) then Fiber.blocking { @wakeup_r.read_nonblock(4096, exception: false) }
+        else io_ready(io, IO::READABLE)
         end
-        @watched[io]&.dup&.each do |waiter, wanted|
-          hit = wanted & events
-          wake(waiter, hit) unless hit.zero?
+      end
+      writable.each { |io| io_ready(io, IO::WRITABLE) }
+      priority.each { |io| io_ready(io, IO::PRIORITY) }
+    end
+
+    # Wakes the waiters on +io+ that want some of +events+ (a waiter already woken for the other
+    # direction of the same IO gets these too). Waking takes a waiter out of the list as it goes,
+    # which Hash#each allows.
+    def io_ready(io, events)
+      @watched[io]&.each do |waiter, wanted|
+        hit = wanted & events
+        next if hit.zero?
+
+        if waiter.state == :ready && waiter.result.positive? then waiter.result |= hit
+        else wake(waiter, hit)
         end
       end
     end
@@ -880,10 +978,8 @@ module Evt
     # ready, so their retry meets EBADF, as poll(2)'s POLLNVAL does in the C backends.
     def wake_bad_descriptors
       @watched.keys.each do |io|
-        next if io.closed?
+        next if io.closed? || !rescuing(Errno::EBADF) { select_now([io], nil, nil) }.is_a?(Exception)
 
-        select_now([io], nil, nil)
-      rescue Errno::EBADF
         @watched[io]&.dup&.each { |waiter, wanted| wake(waiter, wanted) }
       end
     end
@@ -891,9 +987,8 @@ module Evt
     # ---- closing, interrupting and the other threads ----------------------------------------------
 
     def signal
-      @wakeup_w&.write_nonblock(".", exception: false)
-    rescue IOError
-      nil # closed meanwhile: nothing waits
+      pipe = @wakeup_w
+      pipe.write_nonblock(".", exception: false) if pipe && !pipe.closed?
     end
 
     # A request from another thread, served by the loop on its own thread.
@@ -904,7 +999,7 @@ module Evt
 
     # IO#close of +io+ (see {.closing}).
     def io_closing(io)
-      return if @forks != SelectLoop.forks || !@watched.key?(io)
+      return if @forks != SelectLoop.forks || @watched[io].nil? || @watched[io].empty?
 
       if Thread.current == @thread
         @watched[io]&.dup&.each { |waiter, _| wake(waiter, CLOSED) }
@@ -924,15 +1019,16 @@ module Evt
         when :closed then io_closing(subject)
         when :unblock
           waiter = @unblockable[subject]
-          wake(waiter, 1) if waiter
+          wake(waiter, 1) if waiter && (@resumes[subject] || 0) == argument
         when :interrupt
           if !interrupts then later << [kind, subject, argument]
           elsif subject == Fiber.current then own = argument
           elsif subject.alive?
+            # Not with #rescuing: the fiber must come back to the loop fiber, not to a helper.
             begin
               subject.raise(argument)
             rescue FiberError
-              nil # not suspended any more: nothing to interrupt
+              nil # not suspended any more (it resumed another fiber): nothing to interrupt
             end
           end
         end
