@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "test_helper"
+require "open3"
 
 # The public API: choosing a backend, Evt.run, closing and replacing schedulers.
 class SchedulerTest < Minitest::Test
@@ -271,6 +272,39 @@ class SchedulerTest < Minitest::Test
     available, message = output.lines.map(&:chomp)
     refute_includes available.split(","), "io_uring"
     assert_match(/backend :io_uring cannot run here \(io_uring is not permitted/, message)
+  end
+
+  # A subclass with an initialize of its own, as a library might write.
+  def test_a_subclass_takes_its_own_arguments
+    subclass = Class.new(Evt::Scheduler) do
+      attr_reader :name
+
+      def initialize(name, **options)
+        @name = name
+        super(**options)
+      end
+    end
+    scheduler = subclass.new("mine", backend: Evt::Scheduler.availables.first)
+    assert_equal "mine", scheduler.name
+    assert_kind_of Evt::Scheduler, scheduler
+    scheduler.close
+  end
+
+  # Code that closes every IO it finds (before exec, say) may close the select loop's wakeup pipe.
+  def test_closing_every_io_object_leaves_the_loop_working
+    script = <<~RUBY
+      require "evt"
+      Evt.run do
+        r, w = IO.pipe
+        keep = [STDIN, STDOUT, STDERR, r, w]
+        ObjectSpace.each_object(IO) { |io| io.close unless keep.include?(io) || io.closed? rescue nil }
+        Fiber.schedule { sleep 0.05; w.write("x") }
+        print r.read(1)
+      end
+    RUBY
+    out, status = Open3.capture2(RbConfig.ruby, "-I#{File.expand_path("../lib", __dir__)}", "-e", script)
+    assert status.success?
+    assert_equal "x", out
   end
 
   private

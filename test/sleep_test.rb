@@ -89,6 +89,14 @@ class SleepTest < Minitest::Test
     end
   end
 
+  def test_a_sleep_past_the_clock_raises_as_without_a_scheduler
+    expected = error_without_scheduler { sleep 1e30 }
+    evt do
+      error = assert_raises(expected.class) { sleep 1e30 }
+      assert_equal expected.message, error.message
+    end
+  end
+
   def test_non_numeric_sleep_raises_as_without_a_scheduler
     expected = error_without_scheduler { sleep("1") }
     evt do

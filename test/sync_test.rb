@@ -198,4 +198,50 @@ class SyncTest < Minitest::Test
   def test_a_negative_block_timeout_raises_argument_error
     evt { assert_raises(ArgumentError) { Fiber.scheduler.block(:test, -1) } }
   end
+
+  # A trap handler runs while the loop waits in the kernel; a fiber it wakes must run at once.
+  def test_a_trap_handler_that_wakes_a_fiber_ends_the_wait
+    queue = Thread::Queue.new
+    previous = trap("USR2") { queue << :signalled }
+    popped = nil
+    time = elapsed do
+      evt do
+        Thread.new { sleep 0.05; Process.kill("USR2", Process.pid) }
+        Fiber.schedule { popped = queue.pop }
+      end
+    end
+    assert_equal :signalled, popped
+    assert_operator time, :<, 3, "the woken fiber waited for some other event"
+  ensure
+    trap("USR2", previous || "DEFAULT")
+  end
+
+  # Another thread pushes after the pop timed out, while the fiber waits to be resumed: that
+  # unblock belongs to the pop that is over, not to the fiber's next sleep.
+  def test_an_unblock_meant_for_a_finished_wait_does_not_end_the_next_one
+    queue = Thread::Queue.new
+    slept = nil
+    evt do
+      Fiber.schedule do
+        sleep 0.05
+        Fiber.blocking { Thread.new { queue << :late }.join } # the pop below has timed out by now
+      end
+      Fiber.schedule do
+        queue.pop(timeout: 0.05)
+        slept = elapsed { sleep 0.3 }
+      end
+    end
+    assert_operator slept, :>=, 0.29
+  end
+
+  # Without a scheduler Ruby waits for any duration here (sleep and IO.select raise RangeError).
+  def test_a_timeout_too_large_for_the_clock_waits_until_woken
+    queue = Thread::Queue.new
+    got = nil
+    evt do
+      Thread.new { sleep 0.05; queue << :value }
+      Fiber.schedule { got = queue.pop(timeout: 1e30) }
+    end
+    assert_equal :value, got
+  end
 end
