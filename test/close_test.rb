@@ -155,7 +155,33 @@ class CloseTest < Minitest::Test
     outcome = nil
     reader = Thread.new { evt { Fiber.schedule { started << 1; begin; r.read(1); rescue IOError => e; outcome = e; end } } }
     started.pop
+    Thread.pass until reader.status == "sleep" || !reader.alive? # the reader waits in its loop
     Thread.new { evt { Fiber.schedule { r.close } } }.join
+    assert reader.join(10), "the reader was never woken"
+    assert_closed_under([outcome])
+  ensure
+    w&.close
+  end
+
+  # The close lands while the reader's thread is inside Ruby's own read (the closer wants the GVL
+  # when the reader lets it go for read(2)): Ruby makes the closer wait for the reader, which wakes
+  # it through the closer's scheduler's #unblock with "stream closed" pending on its own thread.
+  def test_close_from_a_fiber_of_another_scheduler_during_a_transfer
+    r, w = IO.pipe
+    closing = reading = false
+    outcome = nil
+    reader = Thread.new do
+      evt do
+        Fiber.schedule do
+          Thread.pass until closing
+          reading = true
+          r.read(1)
+        rescue IOError => e
+          outcome = e
+        end
+      end
+    end
+    Thread.new { evt { Fiber.schedule { closing = true; Thread.pass until reading; r.close } } }.join
     assert reader.join(10), "the reader was never woken"
     assert_closed_under([outcome])
   ensure

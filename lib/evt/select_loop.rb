@@ -660,18 +660,30 @@ module Evt
       total
     end
 
+    # While Ruby's own transfer runs: no asynchronous exception (see #transfer_once).
+    UNINTERRUPTED = { Exception => :never }.freeze
+
     # One read(2) or write(2) that cannot block the thread: bytes, or -errno. A descriptor in
     # blocking mode is polled first, and written at most PIPE_BUF bytes at a time.
+    #
+    # Asynchronous exceptions wait until the transfer is over. An IO#close in another thread finds
+    # this one in Ruby's transfer, queues "stream closed in another thread" for it, and waits for it
+    # to leave; when the closer is a scheduled fiber, this thread runs the closer's scheduler's
+    # #unblock on its way out, with the exception still pending (Ruby 3.3, 3.4), and raised in the
+    # middle of that hook the exception would lose the wakeup (and leave Ruby's mutex locked): the
+    # closer would wait forever. Masked, it is raised once the transfer returns, here.
     def transfer_once(io, buffer, offset, events, blocking)
       return EAGAIN if blocking && ready_now(io, events).zero?
 
       Fiber.blocking do # Ruby's own transfer, not this hook again
-        if events == IO::READABLE
-          buffer.read(io, 0, offset)
-        elsif blocking && buffer.size - offset > PIPE_BUF
-          buffer.slice(offset, PIPE_BUF).write(io, 0, 0)
-        else
-          buffer.write(io, 0, offset)
+        Thread.handle_interrupt(UNINTERRUPTED) do
+          if events == IO::READABLE
+            buffer.read(io, 0, offset)
+          elsif blocking && buffer.size - offset > PIPE_BUF
+            buffer.slice(offset, PIPE_BUF).write(io, 0, 0)
+          else
+            buffer.write(io, 0, offset)
+          end
         end
       end
     end
