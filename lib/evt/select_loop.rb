@@ -490,10 +490,12 @@ module Evt
     # ---- the loop object --------------------------------------------------------------------------
 
     # The loop, after any fork.
+    # The loop, after any fork. Only the child's main thread (the one that forked) starts it over:
+    # a thread started in the child may call #unblock before that thread used the loop again.
     def check
       raise "evt: the scheduler is not initialized" unless @backend
 
-      after_fork if @forks != SelectLoop.forks
+      after_fork if @forks != SelectLoop.forks && Thread.current == Thread.main
       self
     end
 
@@ -538,16 +540,18 @@ module Evt
     end
 
     # In a forked child: the pipe is the parent's, and so are the fibers waiting here; the forking
-    # fiber now drives the loop (see loop_after_fork in loop.c).
+    # fiber now drives the loop (see loop_after_fork in loop.c). Requests stay: those the parent's
+    # threads made are dropped when served, those of the child's threads are the child's.
     def after_fork
       @forks = SelectLoop.forks
-      close_pipe
+      # Dropped, not closed: Ruby 3.4's IO#close in a child can wait for users of the descriptor
+      # the child inherited from its parent's threads (seen here with the worker pool's threads
+      # starting before the loop did), and the GC's finalizer closes it without waiting.
+      @wakeup_r = @wakeup_w = nil
       @ready = []
       @timers.clear
       @watched.clear
       @unblockable.clear
-      @requests = Thread::Queue.new
-      @resumes = nil
       @waiting = 0
       @running = 0
       @blocked = false
@@ -999,13 +1003,15 @@ module Evt
     # ---- closing, interrupting and the other threads ----------------------------------------------
 
     def signal
+      return if @forks != SelectLoop.forks # the parent's pipe: the loop starts over before it waits
+
       pipe = @wakeup_w
       pipe.write_nonblock(".", exception: false) if pipe && !pipe.closed?
     end
 
     # A request from another thread, served by the loop on its own thread.
     def request(kind, subject, argument)
-      @requests << [kind, subject, argument]
+      @requests << [kind, subject, argument, SelectLoop.forks]
       signal if Thread.current != @thread # always: the loop may be on its way into IO.select
     end
 
@@ -1026,7 +1032,9 @@ module Evt
       later = []
       own = nil
       until @requests.empty?
-        kind, subject, argument = @requests.pop(true)
+        kind, subject, argument, forks = @requests.pop(true)
+        next if forks != @forks # made in the parent, before the fork
+
         case kind
         when :closed then io_closing(subject)
         when :unblock
