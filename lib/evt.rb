@@ -47,6 +47,7 @@ module Evt
 end
 
 require_relative "evt/resolver"
+require_relative "evt/worker_pool"
 require_relative "evt/scheduler"
 
 # evt: a Fiber Scheduler for CRuby on the fastest event mechanism the platform has.

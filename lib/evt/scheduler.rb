@@ -5,6 +5,27 @@ module Evt
   # pure-Ruby loop). Prepended to each, so its methods come before the loop's, whichever loop that
   # is, and `super` reaches that loop.
   module Scheduling
+    # @param pool_size [Integer, nil] threads for blocking operations ({#blocking_operation_wait},
+    #   Ruby 3.4); 0 runs them on the loop's thread, as without a scheduler. nil: EVT_POOL_SIZE from
+    #   the environment if set, else one per core.
+    # @raise [ArgumentError] pool_size is not an Integer >= 0
+    def initialize(*arguments, pool_size: nil, **options)
+      @pool_size = Scheduling.pool_size(pool_size)
+      @pool = nil
+      super(*arguments, **options)
+    end
+
+    def self.pool_size(requested)
+      size = requested
+      if size.nil?
+        from_env = ENV.fetch("EVT_POOL_SIZE", "")
+        size = from_env.empty? ? Etc.nprocessors : (Integer(from_env, exception: false) || from_env)
+      end
+      raise ArgumentError, "evt: pool_size must be an Integer >= 0 (0: no pool), not #{size.inspect}" unless size.is_a?(Integer) && size >= 0
+
+      size
+    end
+
     # @!method io_wait(io, events, timeout)
     #   Waits until +io+ has one of +events+ (IO::READABLE, IO::PRIORITY, IO::WRITABLE).
     #   @return [Integer, false] the events that are ready, or false when +timeout+ seconds passed.
@@ -92,17 +113,33 @@ module Evt
       waiter.value
     end
 
-    # Name resolution    # Name resolution (Addrinfo.getaddrinfo, TCPSocket.new, ...) on the {Resolver}'s threads.
+    # Ruby 3.4 asks here to run a C function that would block the thread without the GVL (zlib,
+    # large IO::Buffer copies, big-integer division, file I/O): on the {WorkerPool}'s threads, in
+    # parallel with the loop, while the calling fiber waits and the others run. With pool_size 0,
+    # on this thread, as without a scheduler.
+    # @param work [Proc] called once, on the thread that runs the operation
+    def blocking_operation_wait(work)
+      return Fiber.blocking { work.call } if @pool_size.zero? # blocking: else Ruby comes back here
+
+      (@pool ||= WorkerPool.new(@pool_size)).run(work)
+    end
+
+    # @return [Integer] the threads for blocking operations (0: none)
+    attr_reader :pool_size
+
+    # Name resolution (Addrinfo.getaddrinfo, TCPSocket.new, ...) on the {Resolver}'s threads.
     # @return [Array<String>] addresses
     def address_resolve(hostname)
       (@resolver ||= Resolver.new).resolve(hostname)
     end
 
-    # Runs every fiber to completion, releases the kernel objects and the resolver's threads.
+    # Runs every fiber to completion, releases the kernel objects and the resolver's and the worker
+    # pool's threads.
     def scheduler_close
       super
     ensure
       @resolver&.close
+      @pool&.close
     end
 
     # Runs every fiber to completion and releases the kernel objects. As the thread's scheduler, it
@@ -168,6 +205,7 @@ module Evt
   # | timeout_after(duration, class, *arguments) | C, on the timer heap       |
   # | process_wait(pid, flags)               | here: pidfd, else a thread     |
   # | address_resolve(hostname)              | here: {Resolver}'s threads     |
+  # | blocking_operation_wait(work) (3.4)    | here: {WorkerPool}'s threads   |
   # | fiber(**options, &block)               | here                           |
   # | scheduler_close                        | C, keeps $! intact             |
   # | io_close(fd)  (Ruby 4.0)               | C (close.c): through the ring  |

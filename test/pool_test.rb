@@ -1,0 +1,160 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "zlib"
+
+# blocking_operation_wait (Ruby 3.4): the blocking operations Ruby offloads (zlib, IO::Buffer copies,
+# big-integer division) run on the worker pool's threads while the other fibers go on.
+class PoolTest < Minitest::Test
+  HOOK = RUBY_VERSION >= "3.4" # Ruby 3.3 has no blocking_operation_wait: its operations block
+
+  def worker_threads
+    Thread.list.count { |thread| thread.name == "evt worker" && thread.alive? }
+  end
+
+  # Ticks of a fiber sleeping a millisecond at a time while +block+ runs in another fiber.
+  def ticks_while
+    ticks = 0
+    done = false
+    evt do
+      Fiber.schedule do
+        until done
+          ticks += 1
+          sleep 0.001
+        end
+      end
+      Fiber.schedule do
+        yield
+      ensure
+        done = true
+      end
+    end
+    ticks
+  end
+
+  def test_zlib_runs_on_a_worker_while_the_other_fibers_go_on
+    skip "Ruby #{RUBY_VERSION} has no blocking_operation_wait" unless HOOK
+    data = Random.new(1).bytes(1 << 20) * 16
+    deflated = nil
+    ticks = ticks_while { deflated = Zlib::Deflate.deflate(data) }
+    assert_equal data, Zlib::Inflate.inflate(deflated)
+    assert_operator ticks, :>, 5, "the loop stood still while zlib ran"
+  end
+
+  def test_work_is_called_once_on_a_worker_thread
+    calls = []
+    evt do
+      result = Fiber.scheduler.blocking_operation_wait(proc { calls << Thread.current })
+      refute_nil result
+    end
+    assert_equal 1, calls.size
+    refute_equal Thread.current, calls.first
+    assert_equal "evt worker", calls.first.name
+  end
+
+  def test_pool_size_zero_runs_the_work_on_the_loops_thread
+    where = nil
+    scheduler = Evt::Scheduler.new(pool_size: 0)
+    Fiber.set_scheduler(scheduler)
+    Fiber.schedule { scheduler.blocking_operation_wait(proc { where = Thread.current }) }
+    Fiber.set_scheduler(nil)
+    assert_equal Thread.current, where
+    assert_equal 0, scheduler.pool_size
+  end
+
+  def test_an_exception_in_the_work_reaches_the_fiber
+    error = nil
+    evt do
+      error = assert_raises(KeyError) { Fiber.scheduler.blocking_operation_wait(proc { raise KeyError, "inside" }) }
+    end
+    assert_equal "inside", error.message
+  end
+
+  # A timeout while the operation runs stops it (Thread#raise on the worker, which makes Ruby call
+  # the operation's unblock function) and the fiber unwinds once the worker has let go.
+  def test_a_timeout_stops_a_running_operation_and_the_worker_serves_the_next
+    finished = false
+    after = nil
+    time = elapsed do
+      evt do
+        assert_raises(Timeout::Error) do
+          Timeout.timeout(0.05) { Fiber.scheduler.blocking_operation_wait(proc { sleep 5; finished = true }) }
+        end
+        after = Fiber.scheduler.blocking_operation_wait(proc { :next }) && :served
+      end
+    end
+    refute finished, "the operation ran to its end"
+    assert_equal :served, after
+    assert_operator time, :<, 4
+  end
+
+  # Interrupted before a worker took it, the operation never runs.
+  def test_an_operation_interrupted_in_the_queue_never_runs
+    ran = []
+    evt do
+      scheduler = Evt::Scheduler.new(pool_size: 1) # not set: only its pool is used
+      release = Thread::Queue.new
+      Fiber.schedule { scheduler.blocking_operation_wait(proc { release.pop; ran << :first }) }
+      waiting = Fiber.schedule do
+        scheduler.blocking_operation_wait(proc { ran << :second })
+      rescue IOError
+        ran << :interrupted
+      end
+      waiting.raise(IOError, "stop")
+      release << true
+      sleep 0.01 while ran.size < 2
+      scheduler.close
+    end
+    assert_equal %i[interrupted first], ran
+  end
+
+  def test_the_pool_starts_lazily_and_ends_with_the_scheduler
+    before = worker_threads
+    evt do
+      assert_equal before, worker_threads, "started before any operation"
+      Fiber.scheduler.blocking_operation_wait(proc { nil })
+      assert_equal before + Fiber.scheduler.pool_size, worker_threads
+    end
+    assert_equal before, worker_threads
+  end
+
+  def test_a_forked_child_starts_a_pool_of_its_own
+    report = nil
+    evt do
+      Fiber.scheduler.blocking_operation_wait(proc { nil }) # the parent's pool runs
+      r, w = IO.pipe
+      pid = fork do
+        r.close
+        value = Fiber.scheduler.blocking_operation_wait(proc { Thread.current.name }) && :ran
+        w.write("#{value} #{worker_threads}")
+        w.close
+        exit!(0)
+      rescue Exception => e # rubocop:disable Lint/RescueException
+        w.write("#{e.class}: #{e.message}")
+        exit!(1)
+      end
+      w.close
+      report = r.read
+      Process.wait(pid)
+    end
+    assert_equal "ran #{Etc.nprocessors}", report
+  end
+
+  def test_pool_size_must_be_an_integer_not_below_zero
+    [-1, 1.5, "2"].each do |size|
+      error = assert_raises(ArgumentError) { Evt::Scheduler.new(pool_size: size) }
+      assert_match(/pool_size must be an Integer >= 0/, error.message)
+    end
+  end
+
+  def test_evt_pool_size_sets_the_default
+    saved = ENV.fetch("EVT_POOL_SIZE", nil)
+    ENV["EVT_POOL_SIZE"] = "3"
+    assert_equal 3, Evt::Scheduler.new.tap(&:close).pool_size
+    assert_equal 1, Evt::Scheduler.new(pool_size: 1).tap(&:close).pool_size
+    ENV["EVT_POOL_SIZE"] = "many"
+    assert_raises(ArgumentError) { Evt::Scheduler.new }
+  ensure
+    ENV["EVT_POOL_SIZE"] = saved
+  end
+end
