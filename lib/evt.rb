@@ -46,6 +46,10 @@ module Evt
   end
 end
 
+module Evt
+  autoload :Workers, File.expand_path("evt/workers", __dir__) # one event loop per core
+end
+
 require_relative "evt/resolver"
 require_relative "evt/worker_pool"
 require_relative "evt/scheduler"

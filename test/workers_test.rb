@@ -1,0 +1,121 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+
+# Evt::Workers: one event loop per worker process on a shared listening socket, supervised.
+class WorkersTest < Minitest::Test
+  # A line-protocol server: "pid" answers the worker's pid, "slow" answers after 0.3 s, "crash"
+  # ends the worker at once.
+  def start_supervisor(count: 2)
+    server = TCPServer.new("127.0.0.1", 0)
+    port = server.local_address.ip_port
+    supervisor = fork do
+      Evt::Workers.new(count: count, listeners: [server], stop_timeout: 5).run do |worker|
+        until worker.stopping?
+          client = server.accept
+          Fiber.schedule { answer(client) }
+        end
+      rescue IOError
+        nil # the listener closed: the requests in flight finish
+      end
+      exit!(0)
+    rescue Exception # rubocop:disable Lint/RescueException
+      exit!(1)
+    end
+    server.close
+    [supervisor, port]
+  end
+
+  def answer(client)
+    while (line = client.gets)
+      case line.chomp
+      when "pid" then client.puts(Process.pid)
+      when "slow"
+        sleep 0.3
+        client.puts("done #{Process.pid}")
+      when "crash" then exit!(3)
+      end
+    end
+  ensure
+    client.close
+  end
+
+  def ask(port, line)
+    Timeout.timeout(10) do
+      TCPSocket.open("127.0.0.1", port) do |socket|
+        socket.puts(line)
+        socket.gets&.chomp
+      end
+    end
+  end
+
+  # Pids answering, once the workers accept: a connection may meet a worker still starting.
+  def worker_pids(port, tries: 40)
+    Array.new(tries) { ask(port, "pid") }.map(&:to_i).uniq
+  end
+
+  def stop(supervisor)
+    Process.kill("TERM", supervisor)
+    _, status = Timeout.timeout(20) { Process.wait2(supervisor) }
+    status
+  end
+
+  def test_the_workers_are_processes_of_their_own_serving_one_socket
+    supervisor, port = start_supervisor(count: 2)
+    pids = worker_pids(port)
+    refute_empty pids
+    refute_includes pids, Process.pid
+    refute_includes pids, supervisor
+    assert_operator pids.size, :<=, 2
+  ensure
+    assert stop(supervisor).success? if supervisor
+  end
+
+  def test_a_worker_that_dies_is_started_again
+    supervisor, port = start_supervisor(count: 1)
+    first = ask(port, "pid").to_i
+    assert_nil ask(port, "crash") # the worker ends without answering
+    second = nil
+    Timeout.timeout(10) do
+      second = begin
+        ask(port, "pid").to_i
+      rescue Errno::ECONNRESET, Errno::EPIPE
+        nil
+      end until second && second != first
+    end
+    refute_equal first, second
+  ensure
+    assert stop(supervisor).success? if supervisor
+  end
+
+  def test_sigterm_lets_the_requests_in_flight_finish
+    supervisor, port = start_supervisor(count: 1)
+    worker = ask(port, "pid").to_i
+    socket = TCPSocket.new("127.0.0.1", port)
+    socket.puts("slow")
+    sleep 0.05 # not a synchronisation: the request is in flight on either side of it
+    Process.kill("TERM", supervisor)
+    assert_equal "done #{worker}", Timeout.timeout(10) { socket.gets&.chomp }
+    socket.close
+    _, status = Timeout.timeout(20) { Process.wait2(supervisor) }
+    assert status.success?
+    assert_raises(Errno::ECONNREFUSED) { TCPSocket.new("127.0.0.1", port).close }
+    supervisor = nil
+  ensure
+    stop(supervisor) if supervisor
+  end
+
+  def test_sighup_replaces_the_workers_one_at_a_time_losing_no_connection
+    supervisor, port = start_supervisor(count: 2)
+    before = worker_pids(port)
+    Process.kill("HUP", supervisor)
+    answers = []
+    Timeout.timeout(15) do
+      answers << ask(port, "pid").to_i until (answers.last(10) & before).empty? && answers.size >= 10
+    end
+    refute(answers.any?(&:zero?), "a connection was lost during the restart")
+  ensure
+    assert stop(supervisor).success? if supervisor
+  end
+end
