@@ -1041,7 +1041,7 @@ module Evt
           waiter = @unblockable[subject]
           wake(waiter, 1) if waiter && (@resumes[subject] || 0) == argument
         when :interrupt
-          if !interrupts then later << [kind, subject, argument]
+          if !interrupts then later << [kind, subject, argument, forks]
           elsif subject == Fiber.current then own = argument
           elsif subject.alive?
             # Not with #rescuing: the fiber must come back to the loop fiber, not to a helper.
