@@ -12,16 +12,20 @@ require_relative "chart"
 
 module Bench
   ROOT = File.expand_path("..", __dir__)
-  SCENARIOS = %w[http-keepalive http-close pipe-pingpong timers idle-connections close-waiters].freeze
+  SCENARIOS = %w[http-keepalive http-close pipe-pingpong timers idle-connections close-waiters blocking-ops
+                 http-cpu].freeze
+  # Scenarios about evt's use of every core, with subjects of their own (evt configured two ways).
+  CORE_SUBJECTS = {"blocking-ops" => ->(_cores) { %w[evt-pool-off evt-pool-on] },
+                   "http-cpu" => ->(cores) { ["evt-workers-1", "evt-workers-#{cores}"] }}.freeze
   PEERS = %w[blocking threads async-epoll async-uring].freeze
   HZ = Etc.sysconf(Etc::SC_CLK_TCK)
 
   # Sizes: the full run, and --quick (the whole suite in under a minute).
   SIZES = {
     full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000,
-           waiters: [10, 100, 1000, 8000]},
+           waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8},
     quick: {duration: 1, warmup: 1, strace: 1, pairs: 10, messages: 2_000, fibers: 10_000, idle: 1_000,
-            waiters: [10, 100, 1000]},
+            waiters: [10, 100, 1000], deflates: 4, deflate_mib: 2},
   }.freeze
 
   NOTES = {
@@ -30,6 +34,9 @@ module Bench
     "http-keepalive" => "(syscalls/req: a separate 1-2 s run under strace -c -f, which slows the server down)",
     "close-waiters" => "(us: IO#close's average time per IO; woken: readers the closes themselves ended with " \
                        "IOError, of N; HANG: the rest never woke)",
+    "blocking-ops" => "(Ruby 3.4 hands each deflate to blocking_operation_wait: pool-on runs them on a thread per core)",
+    "http-cpu" => "(Evt::Workers processes, not pinned: they may use every core; wrk pinned to CPU 1; " \
+                  "CPU us/req counts every worker)",
   }.freeze
 
   class Failure < StandardError; end
@@ -58,7 +65,7 @@ module Bench
       @options[:only].each do |scenario|
         note ""
         note "== #{scenario}"
-        subjects.each do |subject, unavailable|
+        subjects_for(scenario, subjects).each do |subject, unavailable|
           @results << measure(scenario, subject, unavailable)
         end
         add_ratios(scenario)
@@ -98,11 +105,19 @@ module Bench
       async = async_problems
       subjects += %w[async-epoll async-uring].map { |name| [name, async[name]] }
       if @options[:subjects]
-        unknown = @options[:subjects] - subjects.map(&:first)
+        unknown = @options[:subjects] - subjects.map(&:first) - CORE_SUBJECTS.values.flat_map { |names| names.call(@cores) }
         abort "bin/bench: unknown subject #{unknown.join(", ")}; subjects: #{subjects.map(&:first).join(", ")}" if unknown.any?
         subjects.select! { |name, _| @options[:subjects].include?(name) }
       end
       subjects
+    end
+
+    # The core scenarios' own subjects (those --subjects names, if it names any of them).
+    def subjects_for(scenario, subjects)
+      own = CORE_SUBJECTS[scenario] or return subjects
+      names = own.call(@cores)
+      names &= @options[:subjects] if @options[:subjects]&.intersect?(names)
+      names.map { |name| [name, nil] }
     end
 
     def evt_backends
@@ -148,6 +163,8 @@ module Bench
                   when "timers" then timers(subject)
                   when "idle-connections" then idle(subject)
                   when "close-waiters" then close_waiters(subject)
+                  when "blocking-ops" then script("blocking_ops.rb", subject, @size[:deflates], @size[:deflate_mib], pinned: false)
+                  when "http-cpu" then http_cpu(subject)
                   end
         row.merge(figures)
       end
@@ -156,7 +173,7 @@ module Bench
     end
 
     def not_applicable(scenario, subject)
-      return nil if scenario.start_with?("http-")
+      return nil if scenario.start_with?("http-") || CORE_SUBJECTS.key?(scenario)
       return "an HTTP server only" if subject == "c-epoll"
       return "one thread cannot block on several readers" if scenario == "close-waiters" && subject == "blocking"
       return "one thread cannot hold #{@size[:idle]} waiting connections" if scenario == "idle-connections" && subject == "blocking"
@@ -187,9 +204,27 @@ module Bench
       end
     end
 
-    # A server in a process group of its own, pinned to CPU 0; it prints "listening on PORT".
-    def start_server(command)
-      stdout = IO.popen(bench_env, [*pin(0), *command], chdir: ROOT, err: File::NULL, pgroup: true)
+    # http-cpu: evt-workers-N, under the same load; the CPU time of every worker counts.
+    def http_cpu(subject)
+      workers = Integer(subject[/\d+\z/])
+      server = start_server([*ruby, "bench/http_cpu_server.rb", workers.to_s], pinned: false)
+      begin
+        url = "http://127.0.0.1:#{server[:port]}/"
+        wrk(url, 100, @size[:warmup], [])
+        before = group_cpu_seconds(server[:pid])
+        report = wrk(url, 100, @size[:duration], [])
+        used = group_cpu_seconds(server[:pid]) - before
+        {rps: report[:rps].round(0), cpu_us_per_req: (used * 1e6 / report[:requests]).round(2), p99_ms: report[:p99_ms],
+         errors: report[:errors], workers: workers}
+      ensure
+        stop(server)
+      end
+    end
+
+    # A server in a process group of its own, pinned to CPU 0 unless told otherwise; it prints
+    # "listening on PORT".
+    def start_server(command, pinned: true)
+      stdout = IO.popen(bench_env, [*(pinned ? pin(0) : []), *command], chdir: ROOT, err: File::NULL, pgroup: true)
       server = {pid: stdout.pid, stdout: stdout}
       line = Timeout.timeout(30) { stdout.gets }
       server[:port] = line && line[/listening on (\d+)/, 1] or raise Failure, "the server did not start"
@@ -243,9 +278,11 @@ module Bench
 
     # ---- the other scenarios -----------------------------------------------------------------
 
-    def script(name, subject, *arguments)
+    # A scenario script, pinned to CPU 0 unless it is about using every core.
+    def script(name, subject, *arguments, pinned: true)
       out, err, status = Timeout.timeout(600) do
-        Open3.capture3(bench_env, *pin(0), *ruby_for(subject), "bench/#{name}", subject, *arguments.map(&:to_s), chdir: ROOT)
+        Open3.capture3(bench_env, *(pinned ? pin(0) : []), *ruby_for(subject), "bench/#{name}", subject, *arguments.map(&:to_s),
+                       chdir: ROOT)
       end
       raise Failure, first_error(err, status) unless status.success?
 
@@ -310,7 +347,8 @@ module Bench
     # What each scenario is judged by: lower is better for all of them.
     def metric(scenario)
       {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "pipe-pingpong" => :seconds,
-       "timers" => :seconds, "idle-connections" => :rss_mb, "close-waiters" => :close_avg_us}.fetch(scenario)
+       "timers" => :seconds, "idle-connections" => :rss_mb, "close-waiters" => :close_avg_us,
+       "blocking-ops" => :seconds, "http-cpu" => :cpu_us_per_req}.fetch(scenario)
     end
 
     def add_ratios(scenario)
@@ -319,7 +357,12 @@ module Bench
       c = rows.find { |r| r[:subject] == "c-epoll" }
       # A peer that left readers hanging did not do the job, however fast its close.
       best_peer = rows.select { |r| PEERS.include?(r[:subject]) && !r[:hang] }.min_by { |r| r[key] }
+      first = rows.first if CORE_SUBJECTS.key?(scenario) # evt one way against evt the other
       rows.each do |row|
+        if first && row != first
+          row[:vs_first] = (row[key] / first[key]).round(2)
+          row[:rps_vs_first] = row[:rps].fdiv(first[:rps]).round(2) if row[:rps]
+        end
         row[:vs_c] = (row[key] / c[key]).round(2) if c && row != c
         row[:vs_best_peer] = (row[key] / best_peer[key]).round(2) if best_peer
         row[:best_peer] = best_peer[:subject] if best_peer
@@ -330,7 +373,12 @@ module Bench
       return print_close_waiters if scenario == "close-waiters"
 
       rows = @results.select { |r| r[:scenario] == scenario }
-      columns = if scenario.start_with?("http-")
+      columns = if scenario == "http-cpu"
+                  [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
+                   [:errors, "errors", "%d"], [:rps_vs_first, "req/s x 1st", "%.2f"]]
+                elsif scenario == "blocking-ops"
+                  [[:seconds, "seconds", "%.3f"], [:cpu_seconds, "CPU s", "%.3f"], [:vs_first, "x 1st", "%.2f"]]
+                elsif scenario.start_with?("http-")
                   [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
                    [:errors, "errors", "%d"], [:syscalls_per_req, "syscalls/req", "%.2f"], [:vs_c, "x C", "%.2f"]]
                 elsif scenario == "idle-connections"
@@ -339,7 +387,7 @@ module Bench
                   [[:seconds, "seconds", "%.3f"], [:cpu_seconds, "CPU s", "%.3f"]] +
                     (scenario == "timers" ? [[:rss_mb, "peak RSS MB", "%.1f"]] : [])
                 end
-      columns << [:vs_best_peer, "x best peer", "%.2f"]
+      columns << [:vs_best_peer, "x best peer", "%.2f"] unless CORE_SUBJECTS.key?(scenario)
       puts
       puts "#{scenario} (#{description(scenario)}; lower #{metric(scenario)} is better)"
       puts format("%-13s", "subject") + columns.map { |_, title, _| format(" %13s", title) }.join
@@ -392,6 +440,8 @@ module Bench
       when "timers" then "#{@size[:fibers]} fibers sleeping 0-100 ms"
       when "idle-connections" then "#{@size[:idle]} idle connections, a reader waiting on each"
       when "close-waiters" then "N = #{@size[:waiters].join(", ")} readers blocked on N pipes, every read end closed"
+      when "blocking-ops" then "#{@size[:deflates]} fibers each deflating #{@size[:deflate_mib]} MiB with Zlib"
+      when "http-cpu" then "wrk -t1 -c100 -d#{@size[:duration]}s, keep-alive, 0.5 ms of Ruby per request"
       end
     end
 
@@ -427,6 +477,16 @@ module Bench
 
     def pin(cpu)
       @cores >= 2 ? ["taskset", "-c", cpu.to_s] : []
+    end
+
+    # CPU seconds of every process in process group +pgid+ (a supervisor and its workers).
+    def group_cpu_seconds(pgid)
+      Dir.glob("/proc/[0-9]*/stat").sum do |path|
+        fields = File.read(path).split(") ").last.split
+        Integer(fields[2]) == pgid ? (Integer(fields[11]) + Integer(fields[12])).fdiv(HZ) : 0
+      rescue SystemCallError
+        0 # ended meanwhile
+      end
     end
 
     def cpu_seconds(pid)

@@ -8,7 +8,9 @@ module Bench
                "http-close" => [:cpu_us_per_req, "server CPU µs per request"],
                "pipe-pingpong" => [:seconds, "seconds"], "timers" => [:seconds, "seconds"],
                "idle-connections" => [:rss_mb, "RSS MB"],
-               "close-waiters" => [:close_avg_us, "µs per IO#close with a reader waiting, at the largest N"]}.freeze
+               "close-waiters" => [:close_avg_us, "µs per IO#close with a reader waiting, at the largest N"],
+               "blocking-ops" => [:seconds, "seconds"],
+               "http-cpu" => [:cpu_us_per_req, "CPU µs per request, every worker counted"]}.freeze
     WIDTH = 960
     LABEL = 120
     BAR = 520
@@ -60,6 +62,8 @@ module Bench
       parts << format("%.2f× best peer", row[:vs_best_peer]) if row[:vs_best_peer] && row[:subject] != row[:best_peer]
       parts << "best peer" if row[:subject] == row[:best_peer]
       parts << format("%.2f× C", row[:vs_c]) if row[:vs_c]
+      parts << format("%.2f× the first", row[:vs_first]) if row[:vs_first]
+      parts << format("%.2f× its req/s", row[:rps_vs_first]) if row[:rps_vs_first]
       parts << "HANG: #{row[:woken]} of #{row[:n]} woken" if row[:hang]
       parts.join(" · ")
     end
