@@ -47,7 +47,31 @@ is_socket(int fd)
     return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
-/* IO#close: the waiters on this IO, and on the IO its writes go to (IO.popen's), first. */
+static ID id_inline_offload;
+
+struct super_call {
+    int argc;
+    VALUE *argv;
+};
+
+static VALUE
+call_super(VALUE ptr)
+{
+    struct super_call *call = (struct super_call *)ptr;
+    return rb_call_super(call->argc, call->argv);
+}
+
+static VALUE
+inline_offload_end(VALUE unused)
+{
+    rb_thread_local_aset(rb_thread_current(), id_inline_offload, Qnil);
+    return Qnil;
+}
+
+/* IO#close: the waiters on this IO, and on the IO its writes go to (IO.popen's), first. Ruby 3.4
+ * then hands close(2) to the scheduler's blocking_operation_wait; on a worker thread that would
+ * cost two thread switches per close for a call that returns at once (sockets, pipes), so a
+ * fiber-local flag asks Evt::Scheduling#blocking_operation_wait to run it here. */
 static VALUE
 io_close(int argc, VALUE *argv, VALUE io)
 {
@@ -60,7 +84,9 @@ io_close(int argc, VALUE *argv, VALUE io)
         int write_fd = write_io ? open_descriptor(write_io, &write_fptr) : -1;
         if (write_fd >= 0) evt_io_closing(write_io, write_fd);
     }
-    return rb_call_super(argc, argv);
+    struct super_call call = {argc, argv};
+    rb_thread_local_aset(rb_thread_current(), id_inline_offload, Qtrue);
+    return rb_ensure(call_super, (VALUE)&call, inline_offload_end, Qnil);
 }
 
 /* IO#close_read closes the descriptor unless it is a socket (shut down instead, which wakes the
@@ -141,6 +167,7 @@ evt_close_init(VALUE mEvt, VALUE cLoop)
     rb_define_method(cLoop, "fiber_interrupt", loop_fiber_interrupt, 2);
 #if RUBY_API_VERSION_MAJOR < 4
     /* Evt::CloseWakesWaiters, prepended to IO once evt is loaded. */
+    id_inline_offload = rb_intern("__evt_inline_offload");
     VALUE mClose = rb_define_module_under(mEvt, "CloseWakesWaiters");
     rb_define_method(mClose, "close", io_close, -1);
     rb_define_method(mClose, "close_read", io_close_read, -1);

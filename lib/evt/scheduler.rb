@@ -119,7 +119,10 @@ module Evt
     # on this thread, as without a scheduler.
     # @param work [Proc] called once, on the thread that runs the operation
     def blocking_operation_wait(work)
-      return Fiber.blocking { work.call } if @pool_size.zero? # blocking: else Ruby comes back here
+      # Here, on this thread (blocking: else Ruby comes back here), without a pool, and for the
+      # close(2) of IO#close, which returns at once where a worker would cost two thread switches
+      # (the IO#close wrappers set the flag).
+      return Fiber.blocking { work.call } if @pool_size.zero? || Thread.current[:__evt_inline_offload]
 
       (@pool ||= WorkerPool.new(@pool_size)).run(work)
     end

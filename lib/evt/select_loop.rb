@@ -233,8 +233,10 @@ module Evt
     # close. The waiters are told after the descriptor is closed (IO.select holds nothing of it).
     module CloseWatch
       def close
+        Thread.current[:__evt_inline_offload] = true # close(2) runs here (Scheduling#blocking_operation_wait)
         super
       ensure
+        Thread.current[:__evt_inline_offload] = nil
         SelectLoop.closing(self)
       end
 
