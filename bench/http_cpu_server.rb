@@ -8,30 +8,13 @@
 # Prints "listening on PORT" once it accepts connections on 127.0.0.1.
 require "socket"
 require "evt"
-
-RESPONSE = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n\r\nHello World\n"
+require_relative "http_handler"
 
 # About half a millisecond of Ruby on this machine (a loop the VM cannot skip).
 def work
   total = 0
   9_000.times { |i| total += i * i % 7 }
   total
-end
-
-def serve(client)
-  loop do
-    while (line = client.gets)
-      break if line == "\r\n"
-    end
-    break unless line
-
-    work
-    client.write(RESPONSE)
-  end
-rescue Errno::ECONNRESET, Errno::EPIPE
-  nil
-ensure
-  client.close
 end
 
 workers = Integer(ARGV.fetch(0) { abort "usage: http_cpu_server.rb WORKERS" })
@@ -42,7 +25,7 @@ $stdout.flush
 Evt::Workers.new(count: workers, listeners: [server]).run do |worker|
   until worker.stopping?
     client = server.accept
-    Fiber.schedule { serve(client) }
+    Fiber.schedule { Bench::HTTPHandler.serve(client) { work } }
   end
 rescue IOError
   nil

@@ -1,0 +1,34 @@
+# frozen_string_literal: true
+
+module Bench
+  # The request handler every Ruby HTTP subject of bin/bench shares: read the request lines with
+  # gets until the blank line, write a fixed response, keep the connection while the client does.
+  module HTTPHandler
+    RESPONSE = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n\r\nHello World\n"
+    CLOSE_RESPONSE = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n" \
+                     "Connection: close\r\n\r\nHello World\n"
+
+    module_function
+
+    # Serves +client+ until it closes or asks to; the block, if any, is each request's work.
+    def serve(client)
+      loop do
+        close = false
+        while (line = client.gets)
+          break if line == "\r\n"
+
+          close = true if line.match?(/\Aconnection:\s*close/i)
+        end
+        break unless line
+
+        yield if block_given?
+        client.write(close ? CLOSE_RESPONSE : RESPONSE)
+        break if close
+      end
+    rescue Errno::ECONNRESET, Errno::EPIPE
+      nil
+    ensure
+      client.close
+    end
+  end
+end
