@@ -599,7 +599,7 @@ loop_unblock(VALUE self, VALUE blocker, VALUE fiber)
     struct evt_loop *loop = evt_loop_check(self);
     st_data_t value;
     if (st_lookup(loop->unblockable, (st_data_t)fiber, &value)) evt_waiter_wake(loop, (struct evt_waiter *)value, 1);
-    if (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) && loop->backend_data) loop->backend->wakeup(loop);
+    evt_loop_wake(loop);
     return Qnil;
 }
 

@@ -224,6 +224,7 @@ loop_after_fork(struct evt_loop *loop)
     }
     loop->waiting = 0;
     loop->blocked = 0;
+    loop->woken = 0;
     loop->running = 0;
     loop->loop_fiber = loop->current = rb_fiber_current();
     loop->thread = rb_thread_current();
@@ -497,7 +498,7 @@ loop_request(struct evt_loop *loop, VALUE first, VALUE second)
     if (NIL_P(loop->requests)) loop->requests = rb_ary_new();
     rb_ary_push(loop->requests, rb_assoc_new(first, second));
     loop->has_requests = 1;
-    if (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) && loop->backend_data) loop->backend->wakeup(loop);
+    evt_loop_wake(loop);
 }
 
 void
@@ -611,6 +612,7 @@ loop_wait(struct evt_loop *loop, int64_t timeout)
         arguments.result = loop->backend->wait(loop, 0); /* a poll: not worth giving up the GVL */
     }
     else {
+        loop->woken = 0; /* under the GVL, as every evt_loop_wake */
         __atomic_store_n(&loop->blocked, 1, __ATOMIC_SEQ_CST);
         /* RB_NOGVL_INTR_FAIL: no interrupt check on the way out, where an exception would lose the
          * events just taken from the kernel; they are checked below, after dispatch. */
@@ -960,7 +962,7 @@ static VALUE
 loop_wakeup(VALUE self)
 {
     struct evt_loop *loop = evt_loop_check(self);
-    if (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) && loop->backend_data) loop->backend->wakeup(loop);
+    evt_loop_wake(loop);
     return Qnil;
 }
 

@@ -83,6 +83,7 @@ struct evt_loop {
     uint32_t generation;
     size_t waiting;           /* fibers suspended in evt */
     volatile int blocked;     /* inside the backend's wait without the GVL: wakeups must go to the kernel */
+    int woken;                /* a wakeup went to the kernel during this wait: more would be wasted */
     int running;              /* inside loop_run */
     unsigned forks;           /* evt_forks when the kernel objects were made */
     struct evt_list link;     /* in the process's list of loops, which IO#close looks through */
@@ -157,6 +158,16 @@ evt_waiter_init(struct evt_waiter *w, VALUE fiber)
     w->state = EVT_IDLE;
     w->unblockable = 0;
     w->allocated = 0;
+}
+
+/* Ends the loop's wait in the kernel, if it is in one, from another thread holding the GVL. The
+ * first wakeup of a wait is enough: a batch of unblocks from a worker costs one system call. */
+static inline void
+evt_loop_wake(struct evt_loop *loop)
+{
+    if (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) && loop->backend_data &&
+        !__atomic_exchange_n(&loop->woken, 1, __ATOMIC_SEQ_CST))
+        loop->backend->wakeup(loop);
 }
 
 /* The loop for `self`, after any fork (kernel objects may still be closed). */
