@@ -108,6 +108,27 @@ class PoolTest < Minitest::Test
     assert_equal %i[interrupted first], ran
   end
 
+  # With more operations queued than workers, a finished operation's fiber is woken later, in a
+  # batch; but within BATCH_DELAY, even while the only worker is stuck in a long operation.
+  def test_a_fiber_held_in_a_batch_is_woken_while_every_worker_is_busy
+    log = Thread::Queue.new
+    gate = Thread::Queue.new
+    release = Thread::Queue.new
+    scheduler = Evt::Scheduler.new(pool_size: 1) # not set: only its pool is used
+    evt do
+      Fiber.schedule do
+        scheduler.blocking_operation_wait(proc { gate.pop }) # ends with two more queued: held
+        log << :first_resumed
+        release << true
+      end
+      Fiber.schedule { scheduler.blocking_operation_wait(proc { log << (release.pop(timeout: 10) ? :released : :timed_out) }) }
+      Fiber.schedule { scheduler.blocking_operation_wait(proc { nil }) }
+      gate << true
+    end
+    scheduler.close
+    assert_equal %i[first_resumed released], [log.pop, log.pop]
+  end
+
   def test_the_pool_starts_lazily_and_ends_with_the_scheduler
     before = worker_threads
     evt do
