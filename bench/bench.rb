@@ -23,9 +23,9 @@ module Bench
   # Sizes: the full run, and --quick (the whole suite in under a minute).
   SIZES = {
     full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000,
-           waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8},
+           waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8, repeats: 3},
     quick: {duration: 1, warmup: 1, strace: 1, pairs: 10, messages: 2_000, fibers: 10_000, idle: 1_000,
-            waiters: [10, 100, 1000], deflates: 4, deflate_mib: 2},
+            waiters: [10, 100, 1000], deflates: 4, deflate_mib: 2, repeats: 1},
   }.freeze
 
   NOTES = {
@@ -34,7 +34,8 @@ module Bench
     "http-keepalive" => "(syscalls/req: a separate 1-2 s run under strace -c -f, which slows the server down)",
     "close-waiters" => "(us: IO#close's average time per IO; woken: readers the closes themselves ended with " \
                        "IOError, of N; HANG: the rest never woke)",
-    "blocking-ops" => "(Ruby 3.4 hands each deflate to blocking_operation_wait: pool-on runs them on a thread per core)",
+    "blocking-ops" => "(Ruby 3.4 hands each deflate to blocking_operation_wait: pool-on runs them on a thread per core; " \
+                      "a full run runs each subject 3 times, in fresh processes, and shows the median run)",
     "http-cpu" => "(Evt::Workers processes, not pinned: they may use every core; wrk pinned to CPU 1; " \
                   "CPU us/req counts every worker)",
   }.freeze
@@ -163,7 +164,7 @@ module Bench
                   when "timers" then timers(subject)
                   when "idle-connections" then idle(subject)
                   when "close-waiters" then close_waiters(subject)
-                  when "blocking-ops" then script("blocking_ops.rb", subject, @size[:deflates], @size[:deflate_mib], pinned: false)
+                  when "blocking-ops" then blocking_ops(subject)
                   when "http-cpu" then http_cpu(subject)
                   end
         row.merge(figures)
@@ -289,6 +290,15 @@ module Bench
       JSON.parse(out.lines.last, symbolize_names: true)
     end
 
+    # blocking-ops: the run with the median time of @size[:repeats], each in a fresh process, and
+    # every run's seconds (one run on this shared machine moves by 10% either way).
+    def blocking_ops(subject)
+      runs = Array.new(@size[:repeats]) do
+        script("blocking_ops.rb", subject, @size[:deflates], @size[:deflate_mib], pinned: false)
+      end
+      runs.sort_by { |run| run[:seconds] }[runs.size / 2].merge(runs: runs.map { |run| run[:seconds] })
+    end
+
     def timers(subject)
       fibers = @size[:fibers]
       ensure_map_count(fibers)
@@ -377,7 +387,8 @@ module Bench
                   [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
                    [:errors, "errors", "%d"], [:rps_vs_first, "req/s x 1st", "%.2f"]]
                 elsif scenario == "blocking-ops"
-                  [[:seconds, "seconds", "%.3f"], [:cpu_seconds, "CPU s", "%.3f"], [:vs_first, "x 1st", "%.2f"]]
+                  [[:seconds, "seconds", "%.3f"], [:cpu_seconds, "CPU s", "%.3f"], [:vs_first, "x 1st", "%.2f"],
+                   [:runs, "runs (s)", "%s"]]
                 elsif scenario.start_with?("http-")
                   [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
                    [:errors, "errors", "%d"], [:syscalls_per_req, "syscalls/req", "%.2f"], [:vs_c, "x C", "%.2f"]]
@@ -395,7 +406,7 @@ module Bench
         line = format("%-13s", row[:subject])
         line += if row[:skipped] then "  n/a: #{row[:skipped]}"
                 elsif row[:error] then "  FAILED: #{row[:error]}"
-                else columns.map { |key, _, fmt| format(" %13s", row[key].nil? ? "-" : format(fmt, row[key])) }.join
+                else columns.map { |key, _, fmt| format(" %13s", cell(row[key], fmt)) }.join
                 end
         puts line
       end
@@ -403,6 +414,13 @@ module Bench
       puts "best peer: #{best[:best_peer]}" if best
       puts NOTES[scenario] if NOTES[scenario]
       $stdout.flush
+    end
+
+    def cell(value, fmt)
+      return "-" if value.nil?
+      return value.map { |each| format("%.2f", each) }.join(" ") if value.is_a?(Array)
+
+      format(fmt, value)
     end
 
     def print_close_waiters
