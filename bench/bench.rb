@@ -15,7 +15,7 @@ module Bench
   SCENARIOS = %w[http-keepalive http-close pipe-pingpong timers idle-connections close-waiters blocking-ops
                  http-cpu].freeze
   # Scenarios about evt's use of every core, with subjects of their own (evt configured two ways).
-  CORE_SUBJECTS = {"blocking-ops" => ->(_cores) { %w[evt-pool-off evt-pool-on] },
+  CORE_SUBJECTS = {"blocking-ops" => ->(_cores) { %w[evt-pool-off evt-pool-on threads] },
                    "http-cpu" => ->(cores) { ["evt-workers-1", "evt-workers-#{cores}"] }}.freeze
   PEERS = %w[blocking threads async-epoll async-uring].freeze
   HZ = Etc.sysconf(Etc::SC_CLK_TCK)
@@ -35,7 +35,8 @@ module Bench
     "close-waiters" => "(us: IO#close's average time per IO; woken: readers the closes themselves ended with " \
                        "IOError, of N; HANG: the rest never woke)",
     "blocking-ops" => "(Ruby 3.4 hands each deflate to blocking_operation_wait: pool-on runs them on a thread per core; " \
-                      "a full run runs each subject 3 times, in fresh processes, and shows the median run)",
+                      "threads: one Ruby thread per deflate, no scheduler, for reference; a full run runs each " \
+                      "subject 3 times, in fresh processes, and shows the median run)",
     "http-cpu" => "(Evt::Workers processes, not pinned: they may use every core; wrk pinned to CPU 1; " \
                   "CPU us/req counts every worker)",
   }.freeze
@@ -366,8 +367,10 @@ module Bench
       rows = @results.select { |r| r[:scenario] == scenario && r[key] }
       c = rows.find { |r| r[:subject] == "c-epoll" }
       # A peer that left readers hanging did not do the job, however fast its close.
-      best_peer = rows.select { |r| PEERS.include?(r[:subject]) && !r[:hang] }.min_by { |r| r[key] }
-      first = rows.first if CORE_SUBJECTS.key?(scenario) # evt one way against evt the other
+      # The core scenarios compare evt one way against evt the other (a peer there is a reference).
+      core = CORE_SUBJECTS.key?(scenario)
+      best_peer = rows.select { |r| PEERS.include?(r[:subject]) && !r[:hang] }.min_by { |r| r[key] } unless core
+      first = rows.first if core
       rows.each do |row|
         if first && row != first
           row[:vs_first] = (row[key] / first[key]).round(2)
