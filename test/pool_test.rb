@@ -108,16 +108,44 @@ class PoolTest < Minitest::Test
     assert_equal %i[interrupted first], ran
   end
 
-  # With more operations queued than workers, a finished operation's fiber is woken later, in a
-  # batch; but within BATCH_DELAY, even while the only worker is stuck in a long operation.
+  # Runs the block in a fiber of its own on a pool of one thread that holds completions long
+  # (every operation counts as short), then closes the pool.
+  def with_holding_pool
+    pool = Evt::WorkerPool.new(1, batch_delay: 30, hold_under: 30)
+    evt { yield pool }
+  ensure
+    pool.close
+  end
+
+  # With more operations queued than workers, a short operation's fiber is woken later, in a batch.
+  def test_a_short_operations_fiber_waits_for_the_batch_while_the_pool_is_saturated
+    log = Thread::Queue.new
+    gate = Thread::Queue.new
+    resumed = Thread::Queue.new
+    with_holding_pool do |pool|
+      Fiber.schedule { pool.run(proc { gate.pop }) } # keeps the worker until the rest is queued
+      Fiber.schedule do
+        pool.run(proc { nil }) # ends with two more queued: held
+        log << :resumed
+        resumed << true
+      end
+      Fiber.schedule { pool.run(proc { log << (resumed.pop(timeout: 1) ? :saw_it_resume : :ran_while_it_was_held) }) }
+      Fiber.schedule { pool.run(proc { nil }) }
+      gate << true
+    end
+    assert_equal %i[ran_while_it_was_held resumed], [log.pop, log.pop]
+  end
+
+  # ... but within BATCH_DELAY, even while the only worker is stuck in a long operation.
   def test_a_fiber_held_in_a_batch_is_woken_while_every_worker_is_busy
     log = Thread::Queue.new
     gate = Thread::Queue.new
     release = Thread::Queue.new
     scheduler = Evt::Scheduler.new(pool_size: 1) # not set: only its pool is used
     evt do
+      Fiber.schedule { scheduler.blocking_operation_wait(proc { gate.pop }) }
       Fiber.schedule do
-        scheduler.blocking_operation_wait(proc { gate.pop }) # ends with two more queued: held
+        scheduler.blocking_operation_wait(proc { nil }) # ends with two more queued: held
         log << :first_resumed
         release << true
       end
@@ -127,6 +155,45 @@ class PoolTest < Minitest::Test
     end
     scheduler.close
     assert_equal %i[first_resumed released], [log.pop, log.pop]
+  end
+
+  # Longer operations are not held: a Timeout around one must not fire in a wait batching added.
+  def test_a_long_operations_fiber_is_woken_at_once
+    log = Thread::Queue.new
+    resumed = Thread::Queue.new
+    pool = Evt::WorkerPool.new(1, batch_delay: 30) # holds only what takes under WorkerPool::SHORT
+    evt do
+      Fiber.schedule do
+        pool.run(proc { sleep 0.01 }) # ends with two more queued, but took too long to be held
+        log << :resumed
+        resumed << true
+      end
+      Fiber.schedule { pool.run(proc { log << (resumed.pop(timeout: 10) ? :saw_it_resume : :timed_out) }) }
+      Fiber.schedule { pool.run(proc { nil }) }
+    end
+    assert_equal %i[resumed saw_it_resume], [log.pop, log.pop]
+  ensure
+    pool.close
+  end
+
+  # A fiber that stopped waiting (here Fiber#raise) unwinds as soon as its operation stops.
+  def test_an_interrupted_operation_is_not_held
+    log = Thread::Queue.new
+    started = Thread::Queue.new
+    unwound = Thread::Queue.new
+    with_holding_pool do |pool|
+      waiting = Fiber.schedule do
+        pool.run(proc { started << true; Thread::Queue.new.pop }) # runs until stopped
+      rescue IOError
+        log << :unwound
+        unwound << true
+      end
+      Fiber.schedule { pool.run(proc { log << (unwound.pop(timeout: 10) ? :saw_it_unwind : :timed_out) }) }
+      Fiber.schedule { pool.run(proc { nil }) }
+      started.pop # the worker runs it
+      waiting.raise(IOError, "stop")
+    end
+    assert_equal %i[unwound saw_it_unwind], [log.pop, log.pop]
   end
 
   def test_the_pool_starts_lazily_and_ends_with_the_scheduler

@@ -15,12 +15,14 @@ module Evt
   # makes Ruby call the operation's unblock function (zlib and bignum stop early), and the fiber
   # waits for the worker to return before it unwinds.
   #
-  # Completions are batched while the pool is saturated. A fiber whose operation ended while at
-  # least {#size} other operations wait in the queue would only queue its next operation behind
-  # them, so waking the loop for it at once (a system call and a thread switch per operation) buys
+  # Completions of short operations are batched while the pool is saturated. A fiber whose
+  # operation took less than {SHORT} (likely one step of many: zlib offloads 16 KiB at a time) and
+  # ended while at least {#size} other operations wait in the queue would only queue its next step
+  # behind them, so waking the loop for it at once (a system call and a thread switch per step) buys
   # nothing: the worker sets it aside, and the whole batch is handed to the loop in one wakeup when
   # the queue runs short, or at the latest {BATCH_DELAY} later (the flusher thread sees to that,
-  # whatever the workers are doing). On bin/bench's blocking-ops this cut the context switches per
+  # whatever the workers are doing). Longer operations, and those their fiber stopped waiting for,
+  # are handed back at once: a Timeout around them must not fire in a wait that batching added. On bin/bench's blocking-ops this cut the context switches per
   # run from 34,000 to 10,500 and the loop's wakeups from 4,000 to 1,100.
   #
   # Threads start on first use, after a fork too (a child has none), and end with {#close}.
@@ -28,19 +30,26 @@ module Evt
     # Raised in a worker thread to stop the operation of a fiber that no longer waits for it.
     class Cancel < Exception; end # rubocop:disable Lint/InheritException -- not for user rescue
 
-    # One operation: queued, running (on +thread+), or done.
+    # One operation: queued, running (on +thread+), stopping (its fiber gave up on it while it ran),
+    # cancelled (given up before it ran: never runs) or done.
     Job = Struct.new(:work, :state, :thread, :error, :done)
 
     # Seconds a finished operation's fiber may be kept waiting while the pool is saturated.
     BATCH_DELAY = 0.002
+    # Seconds under which an operation's completion may be held at all.
+    SHORT = 0.001
 
     attr_reader :size
 
     # @param size [Integer] how many operations may run at once (threads)
-    def initialize(size)
+    # @param batch_delay [Numeric] seconds a held completion may wait (see {BATCH_DELAY})
+    # @param hold_under [Numeric] seconds under which a completion may be held (see {SHORT})
+    def initialize(size, batch_delay: BATCH_DELAY, hold_under: SHORT)
       raise ArgumentError, "evt: pool size must be a positive Integer, not #{size.inspect}" unless size.is_a?(Integer) && size.positive?
 
       @size = size
+      @batch_delay = batch_delay
+      @hold_under = hold_under
       @pid = nil
       @jobs = nil
       @threads = []
@@ -102,12 +111,14 @@ module Evt
 
     def clock = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-    # A job is done: wake its fiber, with those held so far, unless the workers have enough queued
-    # to go on without the loop (then hold it; the first held wakes the flusher).
-    def finished(job, jobs)
+    # A job is done, after +took+ seconds: wake its fiber, with those held so far, unless it was
+    # short, still awaited, and the workers have enough queued to go on without the loop (then hold
+    # it; the first held wakes the flusher).
+    def finished(job, jobs, took)
       ready = @lock.synchronize do
+        hold = job.state == :running && took < @hold_under && jobs.size >= @size && !jobs.closed?
         job.state = :done
-        if jobs.size >= @size && !jobs.closed?
+        if hold
           @held << job
           unless @held_since
             @held_since = clock
@@ -129,7 +140,7 @@ module Evt
       held
     end
 
-    # Wakes the fibers of jobs held for BATCH_DELAY, when no worker did it before.
+    # Wakes the fibers of jobs held for the batch delay, when no worker did it before.
     def flush_loop(jobs)
       loop do
         ready = @lock.synchronize do
@@ -138,7 +149,7 @@ module Evt
 
             @flush.wait(@lock)
             nil
-          elsif (left = @held_since + BATCH_DELAY - clock).positive?
+          elsif (left = @held_since + @batch_delay - clock).positive?
             @flush.wait(@lock, left)
             nil
           else
@@ -156,6 +167,7 @@ module Evt
         while (job = jobs.pop)
           next unless @lock.synchronize { job.state == :queued && (job.state = :running) && (job.thread = Thread.current) }
 
+          started = clock
           begin
             Thread.handle_interrupt(Cancel => :immediate) { job.work.call }
           rescue Cancel
@@ -163,7 +175,7 @@ module Evt
           rescue Exception => e # rubocop:disable Lint/RescueException -- handed to the fiber
             job.error = e
           end
-          finished(job, jobs)
+          finished(job, jobs, clock - started)
           flush_cancel
         end
       end
@@ -183,6 +195,7 @@ module Evt
           job.state = :cancelled
           false
         elsif job.state == :running
+          job.state = :stopping # its fiber waits for it: not to be held
           job.thread.raise(Cancel)
           true
         end
