@@ -22,8 +22,9 @@ module Evt
   # nothing: the worker sets it aside, and the whole batch is handed to the loop in one wakeup when
   # the queue runs short, or at the latest {BATCH_DELAY} later (the flusher thread sees to that,
   # whatever the workers are doing). Longer operations, and those their fiber stopped waiting for,
-  # are handed back at once: a Timeout around them must not fire in a wait that batching added. On bin/bench's blocking-ops this cut the context switches per
-  # run from 34,000 to 10,500 and the loop's wakeups from 4,000 to 1,100.
+  # are handed back at once: a Timeout around them must not fire in a wait that batching added.
+  # On bin/bench's blocking-ops this cut the context switches per run from 34,000 to 10,500 and
+  # the loop's wakeups from 4,000 to 1,100.
   #
   # Threads start on first use, after a fork too (a child has none), and end with {#close}.
   class WorkerPool
