@@ -2,6 +2,8 @@
 
 require "test_helper"
 require "timeout"
+require "tempfile"
+require "delegate"
 
 # The hooks beyond the core: io_pread/io_pwrite, io_select, timeout_after, process_wait,
 # address_resolve, each with bad input giving the error Ruby gives without a scheduler.
@@ -47,6 +49,33 @@ class HooksTest < Minitest::Test
       assert_equal [:joined] * 3, Array.new(3) { Thread.new { sleep 0.01 }.join && :joined }
       assert_equal "data", File.read(File.join(dir, "f0"))
     end
+  end
+
+  # IO::Buffer#pread, #pwrite, #read and #write pass the hooks the object they were given, which
+  # may only wrap an IO (a Tempfile, a delegator): the hooks work on its IO, as Ruby does without a
+  # scheduler. (Ruby's own test_io_buffer_pread_pwrite read zeros here, and the same call through a
+  # Tempfile crashed the VM.)
+  def test_io_buffer_transfers_through_an_object_wrapping_an_io
+    message = IO::Buffer.for("Hello World!")
+    read_back = piped = nil
+    Tempfile.create("evt") do |file|
+      wrapped = SimpleDelegator.new(file)
+      evt do
+        assert_equal message.size, message.pwrite(wrapped, 1, message.size)
+        destination = IO::Buffer.new(message.size)
+        assert_equal message.size, destination.pread(wrapped, 1, message.size)
+        read_back = destination.get_string
+        r, w = IO.pipe
+        Fiber.schedule do
+          buffer = IO::Buffer.new(message.size)
+          buffer.read(SimpleDelegator.new(r), message.size)
+          piped = buffer.get_string
+        end
+        Fiber.schedule { message.write(SimpleDelegator.new(w), message.size) }
+      end
+    end
+    assert_equal "Hello World!", read_back
+    assert_equal "Hello World!", piped
   end
 
   def test_pread_on_a_pipe_raises_as_ruby_does

@@ -89,9 +89,10 @@ static VALUE
 loop_io_wait(VALUE self, VALUE io, VALUE events_value, VALUE timeout_value)
 {
     struct evt_loop *loop = evt_loop_get(self);
+    io = rb_io_get_io(io);
     int fd = rb_io_descriptor(io);
     int events = NUM2INT(events_value) & EVT_EVENTS;
-    if (NIL_P(timeout_value) && RB_TYPE_P(io, T_FILE)) timeout_value = rb_io_timeout(io);
+    if (NIL_P(timeout_value)) timeout_value = rb_io_timeout(io);
     int64_t timeout = evt_timeout_ns(timeout_value);
     /* After io_read or io_write met EAGAIN, Ruby calls here at once: those events are known not to
      * be ready, and the next readiness will come as an event. Otherwise look first. */
@@ -167,6 +168,7 @@ static VALUE
 io_transfer(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset_value, off_t position, int events)
 {
     struct evt_loop *loop = evt_loop_get(self);
+    io = rb_io_get_io(io); /* IO::Buffer#read and friends pass on whatever they were given (a Tempfile) */
     int fd = rb_io_descriptor(io);
     size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
     struct evt_registration *reg = transfer_registration(loop, io, fd);
@@ -306,7 +308,10 @@ loop_io_pwrite(VALUE self, VALUE io, VALUE buffer, VALUE from, VALUE length_valu
     off_t position = NUM2OFFT(from);
     size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
     if (position < 0) return INT2FIX(-EINVAL);
-    if (!RB_TYPE_P(io, T_FILE) || !RFILE(io)->fptr) return INT2FIX(-EBADF);
+    /* IO#pwrite (without the GVL) always passes the IO itself; IO::Buffer#pwrite (with the GVL) passes
+     * whatever it was given, such as a Tempfile: only then is there something to convert. */
+    if (!RB_TYPE_P(io, T_FILE)) io = rb_io_get_io(io);
+    if (!RFILE(io)->fptr) return INT2FIX(-EBADF);
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
     int fd = RFILE(io)->fptr->fd; /* rb_io_descriptor raises, which needs the GVL */
