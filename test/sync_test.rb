@@ -216,6 +216,38 @@ class SyncTest < Minitest::Test
     trap("USR2", previous || "DEFAULT")
   end
 
+  # A subclass's block may run code before the fiber suspends (here it waits for another thread,
+  # with the GVL released). An unblock that arrives meanwhile is for this block and must end it, as
+  # a thread's wakeup is kept for its next sleep (Ruby's own test_deadlock of test/fiber).
+  def test_an_unblock_that_comes_before_the_fiber_reaches_block_ends_that_block
+    gate = Thread::Queue.new
+    subclass = Class.new(Evt::Scheduler) do
+      define_method(:block) do |blocker, timeout = nil|
+        Fiber.blocking { gate.pop } # another thread unblocks this fiber now
+        super(blocker, timeout)
+      end
+    end
+    result = nil
+    scheduler = subclass.new
+    blocking = Thread::Queue.new
+    unblocker = Thread.new do
+      scheduler.unblock(:test, blocking.pop)
+      gate << :go
+    end
+    thread = Thread.new do
+      Fiber.set_scheduler(scheduler)
+      Fiber.schedule do
+        blocking << Fiber.current
+        result = scheduler.block(:test, 10)
+      end
+      :done
+    end
+    assert_equal :done, thread.join(8)&.value, "the block waited for its timeout"
+    assert_equal true, result
+  ensure
+    unblocker&.join
+  end
+
   # Another thread pushes after the pop timed out, while the fiber waits to be resumed: that
   # unblock belongs to the pop that is over, not to the fiber's next sleep.
   def test_an_unblock_meant_for_a_finished_wait_does_not_end_the_next_one

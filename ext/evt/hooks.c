@@ -604,6 +604,13 @@ loop_unblock(VALUE self, VALUE blocker, VALUE fiber)
     struct evt_loop *loop = evt_loop_check(self);
     st_data_t value;
     if (st_lookup(loop->unblockable, (st_data_t)fiber, &value)) evt_waiter_wake(loop, (struct evt_waiter *)value, 1);
+    /* Running, not blocked yet: Ruby has put it on the blocker's list (a ConditionVariable's, a
+     * Queue's) and calls block next, but a kernel_sleep or block of a subclass may run code first,
+     * during which another thread can get the GVL and unblock it. Kept for that block, as a
+     * thread's wakeup is kept for its next sleep. (A fiber in the ready queue or in another wait is
+     * not running: an unblock for it belongs to a block that is over, and is dropped.) */
+    else if (fiber == loop->current && !NIL_P(fiber) && (fiber != loop->loop_fiber || !loop->running))
+        loop->early_unblock = fiber; /* (the loop fiber inside the loop is the loop at work, not running code) */
     evt_loop_wake(loop);
     return Qnil;
 }

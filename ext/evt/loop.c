@@ -75,6 +75,7 @@ loop_mark(void *ptr)
     rb_gc_mark_movable(loop->current);
     rb_gc_mark_movable(loop->thread);
     rb_gc_mark_movable(loop->requests);
+    rb_gc_mark(loop->early_unblock);
     EACH_WAITER(&loop->ready, ready_link, w) rb_gc_mark(w->fiber);
     EACH_WAITER(&loop->operations, io_link, w) rb_gc_mark(w->fiber);
     for (size_t i = 0; i < loop->timers.size; i++) {
@@ -175,6 +176,7 @@ loop_alloc(VALUE klass)
     loop->current = Qnil;
     loop->thread = Qnil;
     loop->requests = Qnil;
+    loop->early_unblock = Qnil;
     evt_list_append(&evt_loops, &loop->link);
     evt_list_init(&loop->ready);
     evt_list_init(&loop->allocated);
@@ -214,6 +216,7 @@ loop_after_fork(struct evt_loop *loop)
     st_clear(loop->unblockable);
     loop->requests = Qnil; /* the other threads are not in the child */
     loop->has_requests = 0;
+    loop->early_unblock = Qnil;
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
         if (!reg) continue;
@@ -403,6 +406,7 @@ switch_to(struct evt_loop *loop, VALUE fiber, int start)
     loop->current = start ? Qnil : fiber;
     rb_fiber_transfer(fiber, 0, NULL);
     loop->current = loop->loop_fiber;
+    if (RB_UNLIKELY(loop->early_unblock == fiber)) loop->early_unblock = Qnil; /* it ended without waiting */
 }
 
 /* A fiber left evt without the loop resuming it: some other fiber switched to it (Fiber#raise,
@@ -705,6 +709,8 @@ wait_body(VALUE ptr)
 
     w->state = EVT_WAITING;
     loop->waiting++;
+    int unblocked = RB_UNLIKELY(loop->early_unblock == w->fiber);
+    if (unblocked) loop->early_unblock = Qnil; /* for this wait if it is a block, else for none */
 
     if (wait->timeout >= 0) evt_timers_add(&loop->timers, &w->timer, evt_now_ns() + wait->timeout);
 
@@ -732,6 +738,7 @@ wait_body(VALUE ptr)
     case EVT_WAIT_BLOCK:
         st_insert(loop->unblockable, (st_data_t)w->fiber, (st_data_t)w);
         w->unblockable = 1;
+        if (unblocked) evt_waiter_wake(loop, w, 1);
         break;
     case EVT_WAIT_OP: {
         void *base;

@@ -89,6 +89,9 @@ struct evt_loop {
     struct evt_list link;     /* in the process's list of loops, which IO#close looks through */
     VALUE requests;           /* from other threads: [io, fd] closed, [fiber, exception] to raise */
     int has_requests;
+    /* An unblock that came for the fiber running right now (`current`), before it reached block:
+     * its next block or sleep ends at once; any other wait of it drops the unblock. */
+    VALUE early_unblock;
 };
 
 extern VALUE evt_cLoop;
