@@ -74,6 +74,54 @@ class FiberTest < Minitest::Test
     assert_match(/fiber_test\.rb:\d+/, err)
   end
 
+  # Scheduled by the thread's own (blocking) code, a fiber is that code's work, as the block of
+  # Evt.run is: its exception must not vanish. It comes out where the thread drives the loop, as
+  # with Ruby's reference scheduler (Ruby's test_broken_unblock and test_broken_sleep).
+  def test_an_exception_in_a_fiber_the_thread_scheduled_ends_the_thread
+    thread = Thread.new do
+      Thread.current.report_on_exception = false
+      scheduler = Evt::Scheduler.new
+      Fiber.set_scheduler(scheduler)
+      Fiber.schedule do
+        sleep 0.01
+        raise ArgumentError, "late"
+      end
+      scheduler.run
+      :not_raised
+    ensure
+      scheduler&.close
+    end
+    error = assert_raises(ArgumentError) { thread.join }
+    assert_equal "late", error.message
+  end
+
+  def test_an_exception_before_the_first_wait_comes_out_of_fiber_schedule
+    outcome = Thread.new do
+      Fiber.set_scheduler(Evt::Scheduler.new)
+      Fiber.schedule { raise KeyError, "at once" }
+      :not_raised
+    rescue KeyError => e
+      e.message
+    end.value
+    assert_equal "at once", outcome
+  end
+
+  # The thread ends with that exception; closing its scheduler still runs the other fibers.
+  def test_the_other_fibers_finish_when_the_thread_ends_with_a_fiber_s_exception
+    finished = false
+    thread = Thread.new do
+      Thread.current.report_on_exception = false
+      Fiber.set_scheduler(Evt::Scheduler.new)
+      Fiber.schedule do
+        sleep 0.02
+        finished = true
+      end
+      Fiber.schedule { raise "boom" }
+    end
+    assert_raises(RuntimeError) { thread.join }
+    assert finished
+  end
+
   def test_report_on_exception_false_keeps_quiet
     _, err = capture_io do
       Thread.current.report_on_exception = false

@@ -60,19 +60,28 @@ module Evt
     #   @return [Symbol] the backend in use.
 
     # Fiber.schedule: runs the block at once in a new non-blocking fiber, until it waits or ends.
-    # An exception that ends the fiber is reported on $stderr (as Thread#report_on_exception does)
-    # and ends that fiber only; SystemExit and signals go on to the loop.
+    #
+    # An exception that ends the fiber goes where it would go without evt's help when the fiber was
+    # scheduled by the thread's own, blocking code (as Ruby's reference scheduler has it): on to that
+    # code, raised where it drives the loop (Fiber.schedule, #run, Fiber.set_scheduler(nil), the
+    # thread's end), so a thread's fibers cannot fail unnoticed. A fiber scheduled by another
+    # scheduled fiber is a child, as a connection handler is its server's: its exception is reported
+    # on $stderr (as Thread#report_on_exception does) and ends that fiber only. SystemExit and
+    # signals always go on to the loop.
     # @return [Fiber]
     def fiber(**options, &block)
       raise ArgumentError, "evt: Fiber.schedule needs a block" unless block
       raise ArgumentError, "evt: scheduled fibers are non-blocking" if options[:blocking]
 
+      child = !Fiber.current.blocking?
       fiber = Fiber.new(**options, blocking: false) do
         started # the loop now knows this fiber runs (starting it could have failed)
         block.call
       rescue SystemExit, SignalException
         raise
       rescue Exception => error # rubocop:disable Lint/RescueException -- a fiber's end, reported
+        raise unless child
+
         report(error, block)
       end
       start(fiber)
