@@ -333,13 +333,13 @@ module Evt
     # (+length+ 0: whatever one read gives; -EAGAIN only for read_nonblock, which must not wait).
     # @return [Integer] bytes read, or -errno
     def io_read(io, buffer, length, offset)
-      transfer(io, buffer, length, offset, IO::READABLE)
+      io_transfer(io, buffer, length, offset, IO::READABLE)
     end
 
     # Writes from the IO::Buffer at +offset+: at least +length+ bytes or an error.
     # @return [Integer] bytes written, or -errno
     def io_write(io, buffer, length, offset)
-      transfer(io, buffer, length, offset, IO::WRITABLE)
+      io_transfer(io, buffer, length, offset, IO::WRITABLE)
     end
 
     # IO.select: every IO watched by the loop at once. Bad input raises what IO.select raises.
@@ -635,7 +635,7 @@ module Evt
 
     # Transfers until at least +length+ bytes (0: one successful transfer), end of file or an error,
     # waiting in the loop on EAGAIN (see io_transfer in hooks.c).
-    def transfer(io, buffer, length, offset, events)
+    def io_transfer(io, buffer, length, offset, events)
       get
       io.fileno # IOError for a closed stream
       blocking = blocking_mode?(io)
