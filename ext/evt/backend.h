@@ -86,6 +86,7 @@ extern const struct evt_backend *const evt_backends[];
 
 extern const struct evt_backend evt_backend_epoll;
 extern const struct evt_backend evt_backend_poll;
+extern const struct evt_backend evt_backend_select;
 extern const struct evt_backend evt_backend_uring;
 
 #endif

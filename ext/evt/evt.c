@@ -11,6 +11,9 @@ const struct evt_backend *const evt_backends[] = {
 #ifdef HAVE_POLL_H
     &evt_backend_poll,
 #endif
+#if defined(__linux__) && defined(HAVE_SYS_SELECT_H) && defined(HAVE_SYS_EVENTFD_H)
+    &evt_backend_select, /* slowest: a wait costs in proportion to the highest descriptor */
+#endif
     NULL,
 };
 
