@@ -31,6 +31,24 @@ class PortableTest < Minitest::Test
     scheduler&.close
   end
 
+  # With the extension, select is select(2) in the C loop; the pure-Ruby loop stays on request.
+  def test_the_pure_ruby_loop_on_request
+    scheduler = Evt::SelectScheduler.new
+    assert_kind_of Evt::SelectLoop, scheduler
+    assert_equal :select, scheduler.backend
+    r, w = IO.pipe
+    got = nil
+    Thread.new do
+      Fiber.set_scheduler(scheduler)
+      Fiber.schedule { got = r.read(2) }
+      Fiber.schedule { w.write("ok") }
+    end.join
+    assert_equal "ok", got
+  ensure
+    r&.close
+    w&.close
+  end
+
   def test_evt_no_extension_runs_on_the_select_backend_without_a_warning
     out, err, status = run_ruby(<<~RUBY, env: {"EVT_NO_EXTENSION" => "1"})
       require "evt"

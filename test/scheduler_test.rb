@@ -290,6 +290,36 @@ class SchedulerTest < Minitest::Test
     scheduler.close
   end
 
+  # A subclass runs on every backend, chosen by name or by EVT_BACKEND (Ruby's own test/fiber
+  # subclasses the scheduler under test): its overrides come first and reach evt's hooks with super.
+  def test_a_subclass_runs_on_every_backend_however_chosen
+    calls = 0
+    subclass = Class.new(Evt::Scheduler) do
+      define_method(:io_wait) do |io, events, timeout|
+        calls += 1
+        super(io, events, timeout)
+      end
+    end
+    Evt::Scheduler.availables.each do |name|
+      [{backend: name}, {}].each do |options|
+        scheduler = options.empty? ? with_env("EVT_BACKEND", name.to_s) { subclass.new } : subclass.new(**options)
+        assert_equal name, scheduler.backend
+        assert_kind_of subclass, scheduler
+        r, w = IO.pipe
+        got = Thread.new do
+          Fiber.set_scheduler(scheduler)
+          Fiber.schedule { r.wait_readable }
+          Fiber.schedule { w.write("x") }
+          :done
+        end.value
+        assert_equal :done, got
+        r.close
+        w.close
+      end
+    end
+    assert_operator calls, :>=, 2 * Evt::Scheduler.availables.size
+  end
+
   # Code that closes every IO it finds (before exec, say) may close the select loop's wakeup pipe.
   def test_closing_every_io_object_leaves_the_loop_working
     script = <<~RUBY

@@ -227,26 +227,28 @@ module Evt
   # On the select backend every "C" above is Ruby, in {SelectLoop}; io_pread and io_pwrite are not
   # defined there (Ruby does them itself).
   #
-  # `Evt::Scheduler.new(backend: :select)` gives an {SelectScheduler}, the same interface on the
-  # pure-Ruby loop (where the C extension is not loaded, Evt::Scheduler itself runs on it).
+  # The `select` backend is select(2) in the C loop where the extension has it (Linux builds); where
+  # the extension is not loaded, Evt::Scheduler itself runs on the pure-Ruby loop ({SelectLoop}),
+  # and {SelectScheduler} offers that loop on request.
   class Scheduler < Loop
     prepend Scheduling
 
-    # @return [Array<Symbol>] the backends that can run on this machine, fastest first (`select`,
-    #   in pure Ruby, is always last).
+    # @return [Array<Symbol>] the backends that can run on this machine, fastest first (`select`
+    #   is always there, and last).
     def self.availables
       Loop.backends.select { |name| Loop.probe(name).nil? } | SelectLoop.backends
     end
 
     # @see #initialize
-    # @return [Scheduler, SelectScheduler] a {SelectScheduler} for the select backend where this
-    #   class runs on the C loop.
+    # @return [Scheduler, SelectScheduler] a {SelectScheduler} for the select backend where the C
+    #   extension is loaded but has no select backend of its own (not Linux).
     # @raise [ArgumentError] a subclass asked for the select backend there (subclass
     #   {SelectScheduler} for that).
     def self.new(*arguments, **options, &block)
-      if !(self <= SelectLoop) && choose_backend(options[:backend]) == :select
+      if !(self <= SelectLoop) && !Loop.backends.include?(:select) && choose_backend(options[:backend]) == :select
         unless equal?(Scheduler)
-          raise ArgumentError, "evt: #{self} runs on the C loop; for the select backend, subclass Evt::SelectScheduler"
+          raise ArgumentError, "evt: #{self} runs on the C loop, which has no select backend on this platform; " \
+                               "for the pure-Ruby one, subclass Evt::SelectScheduler"
         end
 
         return SelectScheduler.new(*arguments, **options, &block)
@@ -285,10 +287,10 @@ module Evt
     private_class_method :choose_backend
   end
 
-  # The `select` backend's scheduler where the C extension is loaded: an Evt::Scheduler whose loop
-  # is the pure-Ruby {SelectLoop} instead of the C one (whose methods it overrides, every one).
-  # `Evt::Scheduler.new(backend: :select)` makes one. Where the extension is not loaded, Evt::Loop
-  # is the select loop and Evt::Scheduler runs on it directly.
+  # The pure-Ruby loop ({SelectLoop}) where the C extension is loaded: an Evt::Scheduler whose loop
+  # is the Ruby one instead of the C one (whose methods it overrides, every one). On request, or made
+  # by `Evt::Scheduler.new(backend: :select)` where the extension has no select backend. Where the
+  # extension is not loaded, Evt::Loop is the select loop and Evt::Scheduler runs on it directly.
   class SelectScheduler < Scheduler
     include SelectLoop
     prepend Scheduling # again: before the select loop's methods
@@ -302,7 +304,8 @@ module Evt
       name = Scheduler.__send__(:choose_backend, backend || :select)
       raise ArgumentError, "evt: #{self.class} runs the select backend only, not #{name.inspect}" unless name == :select
 
-      super(name)
+      # Without the extension, Evt::Loop is the select loop already: this class is a plain Scheduler.
+      Evt.extension? ? super(name) : super(backend: name)
     end
   end
 end
