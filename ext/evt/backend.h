@@ -40,6 +40,9 @@ struct evt_op {
     int socket;        /* use recv/send */
     int pending;       /* submitted, result not reaped yet */
     long result;       /* bytes, or -errno */
+    /* The core's: the IO buffer [base, base + size) lies in, taken from an IO that another thread
+     * closed while the kernel had it (see evt_io_closing); freed by the core once reaped. */
+    struct evt_orphan *orphan;
 };
 
 struct evt_backend {

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <liburing.h>
+#include <ruby/thread.h>
 
 /* A request's user_data: a struct evt_op pointer (8-aligned, tag 0), or a tagged value. */
 enum { TAG_OP = 0, TAG_POLL = 1, TAG_WAKEUP = 2, TAG_IGNORE = 3, TAG_MASK = 3 };
@@ -376,29 +377,51 @@ names_descriptor(const struct io_uring_sqe *sqe, int fd)
     return 0;
 }
 
-/* Another thread closes fd. If the loop's thread is away from the ring (it waits for the GVL the
- * closer holds), requests it queued but the kernel has not taken yet become no-ops with the same
- * user_data, so their waiters still get a completion. If it is in the kernel, or on its way with
- * the GVL released, every queued request is being taken: wait until the kernel has them (it takes
- * the file, not the number, with each) — a few microseconds; never longer than 10 ms. */
+/* Whether a request the kernel has not taken yet names fd. */
+static int
+queued_for(struct io_uring_sq *sq, int fd)
+{
+    for (unsigned i = io_uring_smp_load_acquire(sq->khead); i != sq->sqe_tail; i++)
+        if (names_descriptor(&sq->sqes[i & sq->ring_mask], fd)) return 1;
+    return 0;
+}
+
+static void *
+yield_cpu(void *unused)
+{
+    sched_yield();
+    return NULL;
+}
+
+/* Another thread, holding the GVL, is about to close fd: no request naming it may reach the kernel
+ * after that, when the number may belong to another file. The kernel takes queued requests only
+ * inside io_uring_enter, which the loop's thread calls either with the GVL (cancel, release, a
+ * zero-timeout wait: not now, then) or between setting and clearing loop->blocked, both under the
+ * GVL. So while blocked is clear, the loop's thread is away from the ring and cannot come back
+ * before the closer is done: the queued requests become no-ops with the same user_data, so their
+ * waiters still get a completion. While it is set, the loop's thread is on its way into the kernel,
+ * in it (every queued request taken on entry), or back from it and waiting for the GVL (it may have
+ * returned without taking them: an interrupt, -EBUSY): wait, letting it have the GVL, until either
+ * the requests are taken (the kernel then holds the file, not the number) or blocked is clear. */
 static void
 uring_closed_elsewhere(struct evt_loop *loop, int fd)
 {
-    struct uring_backend *backend = loop->backend_data;
-    struct io_uring_sq *sq = &backend->ring.sq;
-    if (!__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST)) {
-        for (unsigned i = io_uring_smp_load_acquire(sq->khead); i != sq->sqe_tail; i++) {
-            struct io_uring_sqe *sqe = &sq->sqes[i & sq->ring_mask];
-            if (!names_descriptor(sqe, fd)) continue;
-            uint64_t data = sqe->user_data;
-            io_uring_prep_nop(sqe);
-            sqe->user_data = data;
-        }
-        return;
+    struct io_uring_sq *sq = &((struct uring_backend *)loop->backend_data)->ring.sq;
+    while (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST)) {
+        if (!queued_for(sq, fd)) return;
+        rb_thread_call_without_gvl(yield_cpu, NULL, RUBY_UBF_IO, NULL);
+        /* Other threads ran meanwhile: the ring may have been closed (its requests with it) or
+         * replaced. */
+        if (!loop->backend_data) return;
+        sq = &((struct uring_backend *)loop->backend_data)->ring.sq;
     }
-    unsigned tail = sq->sqe_tail;
-    int64_t deadline = evt_now_ns() + 10000000;
-    while ((int)(tail - io_uring_smp_load_acquire(sq->khead)) > 0 && evt_now_ns() < deadline) sched_yield();
+    for (unsigned i = io_uring_smp_load_acquire(sq->khead); i != sq->sqe_tail; i++) {
+        struct io_uring_sqe *sqe = &sq->sqes[i & sq->ring_mask];
+        if (!names_descriptor(sqe, fd)) continue;
+        uint64_t data = sqe->user_data;
+        io_uring_prep_nop(sqe);
+        sqe->user_data = data;
+    }
 }
 
 const struct evt_backend evt_backend_uring = {

@@ -134,7 +134,9 @@ transfer_by_backend(struct evt_loop *loop, VALUE io, VALUE buffer, struct evt_op
     struct evt_wait wait = {loop, &w, EVT_WAIT_OP, io, Qnil, NULL, evt_timeout_ns(rb_io_timeout(io)), loop->forks,
                             op, buffer, 0};
     evt_loop_wait_for(&wait);
-    if (w.result == EVT_CLOSED) evt_raise_closed();
+    /* op->orphan: another thread closed the IO and took the buffer this transfer was aimed into
+     * from it (evt_io_closing; freed by now): Ruby must not go on with that buffer. */
+    if (w.result == EVT_CLOSED || op->orphan) evt_raise_closed();
     *timed_out = w.result == EVT_TIMED_OUT && op->result <= 0;
     return op->result;
 }

@@ -20,6 +20,7 @@
 #include <ruby/io.h>
 #include <ruby/io/buffer.h>
 #include <ruby/thread.h>
+#include <ruby/version.h>
 
 VALUE evt_cLoop;
 
@@ -55,6 +56,21 @@ evt_timeout_ns(VALUE timeout)
     for (struct evt_list *node_ = (head)->next, *next_ = node_->next; node_ != (head);          \
          node_ = next_, next_ = node_->next)                                                   \
         for (struct evt_waiter *w = evt_container_of(node_, struct evt_waiter, member); w; w = NULL)
+
+/* The IO's own buffer that a transfer of another thread's loop is aimed into, once the IO, closed by
+ * another thread, no longer owns it (see hand_over); freed when the last of those transfers is reaped. */
+struct evt_orphan {
+    void *memory;
+    int transfers;
+};
+
+static void
+orphan_release(struct evt_orphan *orphan)
+{
+    if (--orphan->transfers > 0) return;
+    ruby_xfree(orphan->memory);
+    ruby_xfree(orphan);
+}
 
 static int
 mark_key(st_data_t key, st_data_t value, st_data_t arg)
@@ -106,6 +122,7 @@ static void
 loop_compact(void *ptr)
 {
     struct evt_loop *loop = ptr;
+    loop->self = rb_gc_location(loop->self);
     loop->loop_fiber = rb_gc_location(loop->loop_fiber);
     loop->current = rb_gc_location(loop->current);
     loop->thread = rb_gc_location(loop->thread);
@@ -116,10 +133,31 @@ loop_compact(void *ptr)
     }
 }
 
+/* A transfer still in the kernel, or NULL. */
+static struct evt_op *
+pending_op(struct evt_loop *loop)
+{
+    EACH_WAITER(&loop->operations, io_link, w) {
+        if (w->op && w->op->pending) return w->op;
+    }
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        if (!loop->registrations[fd]) continue;
+        EACH_WAITER(&loop->registrations[fd]->waiters, io_link, w) {
+            if (w->op && w->op->pending) return w->op;
+        }
+    }
+    return NULL;
+}
+
 static void
 loop_close_backend(struct evt_loop *loop)
 {
     if (!loop->backend_data) return;
+    /* Closing a ring does not wait for what is in it: every transfer still there is cancelled and
+     * reaped first (its fiber wakes), so nothing is written into its memory afterwards. Not in a
+     * forked child, where they are the parent's, in the parent's memory. */
+    struct evt_op *op;
+    while (loop->kernel_ops && loop->forks == evt_forks && (op = pending_op(loop))) loop->backend->cancel(loop, op);
     loop->backend->close(loop);
     loop->backend_data = NULL;
     /* Whatever the kernel knew is gone with its objects. */
@@ -156,6 +194,27 @@ loop_memsize(const void *ptr)
     return size;
 }
 
+/* A loop with transfers in the kernel must not be collected: its fibers' stacks and IOs (which the
+ * loop keeps marked) hold the memory the kernel writes into, and freeing the loop would close the
+ * ring without waiting for them. A loop abandoned in that state (never run again, never closed)
+ * stays, with what it holds: a leak, never a write into freed memory. */
+static void
+loop_registry_mark(void *unused)
+{
+    for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
+        struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
+        if (loop->kernel_ops) rb_gc_mark(loop->self);
+    }
+}
+
+static const rb_data_type_t loop_registry_type = {
+    .wrap_struct_name = "Evt::Loop registry",
+    .function = {.dmark = loop_registry_mark},
+    .flags = RUBY_TYPED_FREE_IMMEDIATELY,
+};
+
+static VALUE loop_registry = Qnil;
+
 static const rb_data_type_t loop_type = {
     .wrap_struct_name = "Evt::Loop",
     .function = {
@@ -172,6 +231,7 @@ loop_alloc(VALUE klass)
 {
     struct evt_loop *loop;
     VALUE self = TypedData_Make_Struct(klass, struct evt_loop, &loop_type, loop);
+    loop->self = self;
     loop->loop_fiber = Qnil;
     loop->current = Qnil;
     loop->thread = Qnil;
@@ -210,6 +270,7 @@ loop_after_fork(struct evt_loop *loop)
     EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);
     evt_list_init(&loop->allocated);
     evt_list_init(&loop->operations);
+    loop->kernel_ops = 0; /* the parent's, in the parent's ring */
     evt_list_init(&loop->ready);
     loop->ready_count = 0;
     evt_timers_clear(&loop->timers);
@@ -391,6 +452,7 @@ void
 evt_loop_op_done(struct evt_loop *loop, struct evt_op *op, long result)
 {
     op->result = result;
+    if (op->pending) loop->kernel_ops--;
     op->pending = 0;
     evt_waiter_wake(loop, op->waiter, 1); /* nothing when its fiber is already on its way out */
 }
@@ -505,6 +567,42 @@ loop_request(struct evt_loop *loop, VALUE first, VALUE second)
     evt_loop_wake(loop);
 }
 
+#if RUBY_API_VERSION_MAJOR < 4
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's buffers, public in 3.3 and 3.4 */
+
+/* Another thread closes io while transfers of this loop may have the kernel read into or write from
+ * the IO's own buffer (io_fillbuf reads into rbuf, io_fflush writes from wbuf). The close frees the
+ * buffer at once, and the loop's thread cancels the transfers only once it has the GVL again: the
+ * kernel could write into freed memory meanwhile. So the buffer moves from the IO to those transfers
+ * (the IO gets none; Ruby makes a new one if it ever needs one, which a closed IO does not), and the
+ * loop frees it once the kernel is done (wait_ensure). A transfer that lost its buffer this way
+ * always raises IOError, so Ruby never goes on with the IO's buffer it no longer has. */
+static void
+hand_over(struct evt_registration *reg, VALUE io, rb_io_buffer_t *buffer)
+{
+    char *start = buffer->ptr;
+    if (!start) return;
+    struct evt_orphan *orphan = NULL;
+    EACH_WAITER(&reg->waiters, io_link, w) {
+        struct evt_op *op = w->op;
+        if (w->io != io || !op || !op->pending || op->orphan) continue;
+        if ((char *)op->base < start || (char *)op->base >= start + buffer->capa) continue;
+        if (!orphan) {
+            orphan = ALLOC(struct evt_orphan);
+            orphan->memory = start;
+            orphan->transfers = 0;
+        }
+        op->orphan = orphan;
+        orphan->transfers++;
+    }
+    if (!orphan) return;
+    buffer->ptr = NULL;
+    buffer->off = buffer->len = buffer->capa = 0;
+}
+
+/* IO#close from any thread of this process (Ruby 3.3 and 3.4: see close.c), before the descriptor
+ * closes. */
 void
 evt_io_closing(VALUE io, int fd)
 {
@@ -517,12 +615,22 @@ evt_io_closing(VALUE io, int fd)
             loop_close_io(loop, io, fd);
             continue;
         }
-        /* Another thread's loop: it wakes its fibers itself, as soon as it gets the GVL. Until
-         * then its transfers on fd must not reach the kernel under a number that is free again. */
-        if (loop->backend->closed_elsewhere && loop->backend_data) loop->backend->closed_elsewhere(loop, fd);
+        /* Another thread's loop: it wakes its fibers itself, as soon as it gets the GVL. */
+        VALUE keep = loop->self; /* closed_elsewhere may let other threads run: the loop stays */
+        if (loop->kernel_ops) {
+            rb_io_t *fptr = RFILE(io)->fptr;
+            hand_over(loop->registrations[fd], io, &fptr->rbuf);
+            hand_over(loop->registrations[fd], io, &fptr->wbuf);
+        }
         loop_request(loop, io, INT2FIX(fd));
+        /* Its transfers on fd must not reach the kernel under a number that is free again. */
+        if (loop->backend->closed_elsewhere && loop->backend_data) loop->backend->closed_elsewhere(loop, fd);
+        RB_GC_GUARD(keep);
     }
 }
+
+#pragma GCC diagnostic pop
+#endif
 
 void
 evt_loop_interrupt(struct evt_loop *loop, VALUE fiber, VALUE exception)
@@ -762,6 +870,7 @@ wait_body(VALUE ptr)
         }
         int err = loop->backend->transfer(loop, wait->op);
         if (err < 0) evt_loop_op_done(loop, wait->op, err);
+        else if (wait->op->pending) loop->kernel_ops++;
         break;
     }
     case EVT_WAIT_YIELD:
@@ -791,6 +900,7 @@ wait_ensure(VALUE ptr)
          * this frame and the buffer go. */
         if (wait->op->pending) loop->backend->cancel(loop, wait->op);
         if (wait->locked) rb_io_buffer_unlock(wait->buffer);
+        if (wait->op->orphan) orphan_release(wait->op->orphan);
     }
     if (wait->kind == EVT_WAIT_SELECT) {
         for (long i = 0; i < wait->selection->count; i++) {
@@ -946,7 +1056,9 @@ loop_scheduler_close(VALUE self)
     rb_protect(loop_run_m, self, &state);
     loop_close_backend(loop);
     if (state) rb_jump_tag(state);
-    rb_set_errinfo(errinfo);
+    /* Not while Thread#kill ends the thread: $! then holds Ruby's own marker, which is no exception
+     * and cannot be set back (and nothing here replaced it). */
+    if (NIL_P(errinfo) || rb_obj_is_kind_of(errinfo, rb_eException)) rb_set_errinfo(errinfo);
     return Qnil;
 }
 
@@ -1074,6 +1186,8 @@ void
 evt_loop_init(VALUE mEvt)
 {
     id_blocking_p = rb_intern("blocking?");
+    rb_gc_register_address(&loop_registry);
+    loop_registry = TypedData_Wrap_Struct(0, &loop_registry_type, NULL);
     eFiberError = rb_const_get(rb_cObject, rb_intern("FiberError"));
     pthread_atfork(NULL, NULL, evt_atfork_child);
 

@@ -67,6 +67,7 @@ struct evt_registration {
 };
 
 struct evt_loop {
+    VALUE self;
     const struct evt_backend *backend;
     void *backend_data;       /* NULL while closed */
     VALUE loop_fiber;
@@ -76,6 +77,8 @@ struct evt_loop {
     size_t ready_count;
     struct evt_list allocated; /* waiters on the heap (for fibers that switched away), by io_link */
     struct evt_list operations; /* waiters of transfers the backend does, by io_link */
+    size_t kernel_ops;        /* transfers submitted to the kernel and not reaped: it may still use their
+                                 memory, so the loop stays alive (see loop_registry) and drains them on close */
     struct evt_timers timers;
     st_table *unblockable;    /* fiber -> waiter, for unblock */
     struct evt_registration **registrations;  /* by descriptor, allocated on first use */
