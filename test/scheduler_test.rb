@@ -290,6 +290,36 @@ class SchedulerTest < Minitest::Test
     scheduler.close
   end
 
+  # Thread#kill ends a thread whose fibers wait on IO that never comes: they end through their
+  # ensure clauses (running them to completion, as a normal thread end does, would wait forever),
+  # and their reads leave the kernel: data written afterwards stays in the pipes.
+  def test_thread_kill_ends_the_waiting_fibers_and_their_reads
+    pipes = Array.new(8) { IO.pipe }
+    ensured = 0
+    started = Thread::Queue.new
+    thread = Thread.new do
+      scheduler = Evt::Scheduler.new
+      Fiber.set_scheduler(scheduler)
+      pipes.each do |r, _|
+        Fiber.schedule do
+          r.gets
+        ensure
+          ensured += 1
+        end
+      end
+      started << true
+      scheduler.run
+    end
+    started.pop
+    thread.kill
+    assert thread.join(10), "the killed thread did not end"
+    assert_equal pipes.size, ensured
+    pipes.each { |_, w| w.write("late\n") }
+    assert_equal ["late\n"] * pipes.size, pipes.map { |r, _| r.read_nonblock(16) }
+  ensure
+    pipes&.flatten&.each(&:close)
+  end
+
   # A subclass runs on every backend, chosen by name or by EVT_BACKEND (Ruby's own test/fiber
   # subclasses the scheduler under test): its overrides come first and reach evt's hooks with super.
   def test_a_subclass_runs_on_every_backend_however_chosen

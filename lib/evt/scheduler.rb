@@ -146,8 +146,11 @@ module Evt
     end
 
     # Runs every fiber to completion, releases the kernel objects and the resolver's and the worker
-    # pool's threads.
+    # pool's threads. When Thread#kill is ending the thread, its fibers are ended instead (their
+    # ensure clauses run), as Ruby ends a process's other threads: running them to completion could
+    # wait forever.
     def scheduler_close
+      kill_all if Thread.current.status == "aborting"
       super
     ensure
       @resolver&.close
