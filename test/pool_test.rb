@@ -1,6 +1,8 @@
 # frozen_string_literal: true
 
 require "test_helper"
+require "open3"
+require "rbconfig"
 require "zlib"
 
 # blocking_operation_wait (Ruby 3.4): the blocking operations Ruby offloads (zlib, IO::Buffer copies,
@@ -86,6 +88,42 @@ class PoolTest < Minitest::Test
     refute finished, "the operation ran to its end"
     assert_equal :served, after
     assert_operator time, :<, 4
+  end
+
+  # Fiber#kill runs ensure clauses but no rescue, and Ruby kills again at every switch back into the
+  # fiber: the fiber must not unwind (its stack freed, then reused) while a worker still runs its
+  # operation, whose state lives on that stack. Before, the worker crashed the VM. In a child: a
+  # crash fails this test instead of ending the run.
+  def test_a_fiber_killed_while_a_worker_runs_its_operation_waits_for_the_worker
+    skip "Ruby #{RUBY_VERSION} has no blocking_operation_wait" unless HOOK
+    script = <<~'RUBY'
+      require "evt"
+      require "zlib"
+      data = Random.new(1).bytes(2 << 20)
+      ended = wrong = 0
+      12.times do |round|
+        Evt.run do
+          victims = Array.new(3) do
+            Fiber.schedule do
+              wrong += 1 if Zlib::Inflate.inflate(Zlib::Deflate.deflate(data)) != data
+            rescue Zlib::Error
+              nil # what zlib raises when a kill interrupts its stream, with or without evt
+            ensure
+              ended += 1
+            end
+          end
+          Fiber.schedule do
+            sleep 0.002 * (round % 4)
+            victims.each { |fiber| fiber.kill if fiber.alive? }
+            8.times { Fiber.schedule { sleep 0.001 } } # new fibers, on stacks the killed ones freed
+          end
+        end
+      end
+      puts "ok ended=#{ended} wrong=#{wrong}"
+    RUBY
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-e", script)
+    assert status.success?, "the child died (#{status.inspect}):\n#{err[-3000..] || err}"
+    assert_equal "ok ended=36 wrong=0\n", out, err
   end
 
   # Interrupted before a worker took it, the operation never runs.

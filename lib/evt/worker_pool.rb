@@ -66,11 +66,14 @@ module Evt
       start unless @pid == Process.pid
       job = Job.new(work, :queued, nil, nil, Thread::Queue.new)
       @jobs << job
+      done = false
       begin
         job.done.pop
-      rescue Exception # rubocop:disable Lint/RescueException -- any interruption cancels, then goes on
-        cancel(job)
-        raise
+        done = true
+      ensure
+        # Interrupted (Fiber#kill too, which runs ensure but no rescue): the worker must be done with
+        # this fiber's stack before it unwinds.
+        cancel(job) unless done
       end
       raise job.error if job.error
 
@@ -189,7 +192,11 @@ module Evt
     end
 
     # The fiber waiting for +job+ was interrupted: drop the operation if no worker has it yet,
-    # else stop it and wait until the worker is done with it (and with the fiber's stack).
+    # else stop it and wait until the worker is done with it (and with the fiber's stack). That wait
+    # blocks the thread rather than the fiber: a fiber switch would let anything that resumes the
+    # fiber unwind it at once (Ruby re-raises Fiber#kill at every switch back into a killed fiber,
+    # and a Fiber#raise or timeout may come), with its stack still in the worker's hands. It is
+    # short: the operation was told to stop.
     def cancel(job)
       running = @lock.synchronize do
         if job.state == :queued
@@ -203,15 +210,7 @@ module Evt
       end
       return unless running
 
-      finished = false
-      until finished
-        begin
-          job.done.pop
-          finished = true
-        rescue Exception # rubocop:disable Lint/RescueException -- the worker still has the stack
-          nil
-        end
-      end
+      Thread.handle_interrupt(Object => :never) { Fiber.blocking { job.done.pop } }
     end
   end
 end
