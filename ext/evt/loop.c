@@ -79,6 +79,16 @@ mark_key(st_data_t key, st_data_t value, st_data_t arg)
     return ST_CONTINUE;
 }
 
+/* Whether Ruby has marked io closed. */
+static int
+io_closed(VALUE io)
+{
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's fd, public in 3.3 and 3.4 */
+    return !RB_TYPE_P(io, T_FILE) || !RFILE(io)->fptr || RFILE(io)->fptr->fd < 0;
+#pragma GCC diagnostic pop
+}
+
 /* Suspended fibers are reachable only through the loop: their waiters live on their own stacks.
  * Fibers are pinned (their stacks hold their own VALUE anyway); registrations' IOs may move.
  * A registration nobody waits on forgets its IO here, so an IO dropped without #close can still be
@@ -108,6 +118,10 @@ loop_mark(void *ptr)
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
         if (!reg) continue;
+        if (!NIL_P(reg->closing)) {
+            if (io_closed(reg->closing)) reg->closing = Qnil; /* Ruby's own checks see it now */
+            else rb_gc_mark_movable(reg->closing);
+        }
         if (evt_list_empty(&reg->waiters)) {
             reg->io = Qnil;
             continue;
@@ -129,7 +143,9 @@ loop_compact(void *ptr)
     loop->requests = rb_gc_location(loop->requests);
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
-        if (reg) reg->io = rb_gc_location(reg->io);
+        if (!reg) continue;
+        reg->io = rb_gc_location(reg->io);
+        reg->closing = rb_gc_location(reg->closing);
     }
 }
 
@@ -283,6 +299,7 @@ loop_after_fork(struct evt_loop *loop)
         if (!reg) continue;
         evt_list_init(&reg->waiters);
         reg->io = Qnil;
+        reg->closing = Qnil;
         reg->events = 0;
         reg->counts[0] = reg->counts[1] = reg->counts[2] = 0;
     }
@@ -347,6 +364,7 @@ evt_registration_get(struct evt_loop *loop, int fd, VALUE io)
     if (!reg) {
         reg = ALLOC(struct evt_registration);
         reg->io = Qnil;
+        reg->closing = Qnil;
         evt_list_init(&reg->waiters);
         reg->generation = 0;
         reg->events = reg->interest = reg->trusted = reg->flags = reg->exhausted = 0;
@@ -528,13 +546,24 @@ waited_on(struct evt_loop *loop, VALUE io, int fd)
     return 0;
 }
 
-/* Wakes the loop's waiters on io with EVT_CLOSED, on the loop's own thread: the kernel lets go of
- * the file before this returns. */
-static void
-loop_close_io(struct evt_loop *loop, VALUE io, int fd)
+/* Whether the loop has met io on fd: a fiber waits on it, or waited on it last. (Another thread
+ * closing it tells the loop even when no fiber waits right now: one may be about to.) */
+static int
+knows(struct evt_loop *loop, VALUE io, int fd)
 {
+    if (fd < 0 || fd >= loop->registrations_size || !loop->registrations[fd]) return 0;
+    return loop->registrations[fd]->io == io || waited_on(loop, io, fd);
+}
+
+/* Wakes the loop's waiters on io with EVT_CLOSED, on the loop's own thread: the kernel lets go of
+ * the file before this returns. `elsewhere`: for another thread, which may not have marked io closed
+ * yet: until it has, a new wait on io ends at once too. */
+static void
+loop_close_io(struct evt_loop *loop, VALUE io, int fd, int elsewhere)
+{
+    struct evt_registration *reg = fd >= 0 && fd < loop->registrations_size ? loop->registrations[fd] : NULL;
+    if (elsewhere && reg && !io_closed(io)) reg->closing = io;
     if (!waited_on(loop, io, fd)) return;
-    struct evt_registration *reg = loop->registrations[fd];
 again:
     EACH_WAITER(&reg->waiters, io_link, w) {
         if (w->io != io) continue;
@@ -609,23 +638,26 @@ evt_io_closing(VALUE io, int fd)
     VALUE thread = Qundef;
     for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
         struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
-        if (loop->forks != evt_forks || !waited_on(loop, io, fd)) continue;
+        if (loop->forks != evt_forks || !knows(loop, io, fd)) continue;
         if (RB_UNDEF_P(thread)) thread = rb_thread_current();
         if (loop->thread == thread) {
-            loop_close_io(loop, io, fd);
+            loop_close_io(loop, io, fd, 0);
             continue;
         }
-        /* Another thread's loop: it wakes its fibers itself, as soon as it gets the GVL. */
-        VALUE keep = loop->self; /* closed_elsewhere may let other threads run: the loop stays */
-        if (loop->kernel_ops) {
+        /* Another thread's loop: it wakes its fibers itself, as soon as it gets the GVL. First, its
+         * transfers on fd must not reach the kernel under a number that is free again; that may let
+         * other threads run, so it comes before the rest, which must happen in one go with the close
+         * (no other thread running until Ruby marks io closed, or a fiber could start a transfer on
+         * io after the loop served the request, and be left in the kernel). */
+        VALUE keep = loop->self; /* the loop stays meanwhile */
+        if (loop->backend->closed_elsewhere && loop->backend_data) loop->backend->closed_elsewhere(loop, fd);
+        RB_GC_GUARD(keep);
+        if (loop->kernel_ops && waited_on(loop, io, fd)) {
             rb_io_t *fptr = RFILE(io)->fptr;
             hand_over(loop->registrations[fd], io, &fptr->rbuf);
             hand_over(loop->registrations[fd], io, &fptr->wbuf);
         }
         loop_request(loop, io, INT2FIX(fd));
-        /* Its transfers on fd must not reach the kernel under a number that is free again. */
-        if (loop->backend->closed_elsewhere && loop->backend_data) loop->backend->closed_elsewhere(loop, fd);
-        RB_GC_GUARD(keep);
     }
 }
 
@@ -664,7 +696,7 @@ loop_take_requests(struct evt_loop *loop, int interrupts)
     for (long i = 0; i < RARRAY_LEN(requests); i++) {
         VALUE request = RARRAY_AREF(requests, i);
         VALUE first = RARRAY_AREF(request, 0), second = RARRAY_AREF(request, 1);
-        if (FIXNUM_P(second)) loop_close_io(loop, first, FIX2INT(second));
+        if (FIXNUM_P(second)) loop_close_io(loop, first, FIX2INT(second), 1);
         else if (!interrupts) loop_request(loop, first, second); /* kept for later, without a wakeup */
         else if (first == rb_fiber_current()) own = second;
         /* As timeout_after does: control comes back when that fiber waits again or ends. */
@@ -794,6 +826,10 @@ waiter_attach(struct evt_loop *loop, struct evt_waiter *w, VALUE io)
 {
     struct evt_registration *reg = evt_registration_get(loop, w->fd, io);
     w->io = io;
+    if (RB_UNLIKELY(reg->closing == io)) {
+        evt_waiter_wake(loop, w->owner ? w->owner : w, EVT_CLOSED);
+        return;
+    }
     int previous = reg->events;
     reg->events = registration_count(reg, w->events, 1);
     if (reg->events != previous || !reg->trusted) {
@@ -863,7 +899,12 @@ wait_body(VALUE ptr)
         if (wait->op->kind == EVT_OP_TRANSFER && !NIL_P(wait->io)) {
             w->fd = wait->op->fd;
             w->io = wait->io;
-            evt_list_append(&evt_registration_get(loop, w->fd, wait->io)->waiters, &w->io_link);
+            struct evt_registration *reg = evt_registration_get(loop, w->fd, wait->io);
+            if (RB_UNLIKELY(reg->closing == wait->io)) {
+                evt_waiter_wake(loop, w, EVT_CLOSED); /* never submitted */
+                break;
+            }
+            evt_list_append(&reg->waiters, &w->io_link);
         }
         else {
             evt_list_append(&loop->operations, &w->io_link);

@@ -60,6 +60,9 @@ struct evt_registration {
     unsigned counts[3];       /* waiters per event (readable, priority, writable) */
     int flags;                /* EVT_REG_*: what the core learnt about the descriptor */
     int exhausted;            /* events a transfer found not ready (EAGAIN) since the last event came */
+    VALUE closing;            /* an IO on fd that another thread is closing, once the loop has served
+                                 that thread's request: a new wait on it ends at once (EVT_CLOSED) until
+                                 Ruby has marked it closed (the closer may let other threads run first) */
     int interest;             /* backend: events the kernel was last asked for */
     int trusted;              /* backend: the kernel registration belongs to io and generation */
     int index;                /* backend: slot of its own (poll) */
