@@ -79,6 +79,47 @@ class CrossThreadCloseTest < Minitest::Test
     assert_equal 0, out[/stray=(\d+)/, 1].to_i, "no freed IO buffer was written into after the close"
   end
 
+  # The closing thread may let other threads run inside Ruby's own close, before Ruby marks the IO
+  # closed (here: flushing buffered data into a full socket). A fiber that starts reading the IO
+  # then, after its loop has served the close, must get IOError at once: the close was about to
+  # leave its read in the kernel (io_uring) or on a descriptor epoll silently drops, for ever.
+  def test_a_read_started_while_another_thread_is_inside_close_raises
+    a, b = UNIXSocket.pair
+    go = Thread::Queue.new
+    reading = Thread::Queue.new
+    known = Thread::Queue.new
+    outcome = nil
+    loop_thread = Thread.new do
+      evt do
+        Fiber.schedule do
+          go.pop
+          reading << true
+          outcome = a.readpartial(10)
+        rescue IOError => e
+          outcome = e
+        end
+        Fiber.schedule { a.wait_writable(0) } # the loop knows the IO: the closer tells it
+        known << true
+      end
+    end
+    known.pop
+    closer = Thread.new do
+      true while a.write_nonblock("x" * 65_536, exception: false) != :wait_writable # a full socket
+      a.sync = false
+      a.write("buffered")
+      a.close # flushes "buffered" first: blocks, the GVL released, until b is read
+    end
+    Thread.pass until closer.status == "sleep" || !closer.alive?
+    go << true
+    reading.pop
+    b.read_nonblock(1 << 20, exception: false) until closer.join(0.01) # lets the close go on
+    assert loop_thread.join(10), "the read started during the close was left waiting"
+    assert_kind_of IOError, outcome
+  ensure
+    loop_thread&.kill
+    [a, b].each { |io| io&.close unless io&.closed? }
+  end
+
   def test_closed_by_a_plain_thread_while_the_kernel_has_the_buffers
     run_rounds("thread")
   end
