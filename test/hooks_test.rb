@@ -212,6 +212,32 @@ class HooksTest < Minitest::Test
     assert_operator ticks, :>, 0
   end
 
+  # Timeouts due at the same turn of the loop, in fibers each waiting on a read: each gets its own
+  # Timeout::Error. (On io_uring the second raise used to ready the first fiber in the middle of its
+  # next read, which it then cancelled itself: Errno::ECANCELED.)
+  def test_timeouts_due_together_each_raise_timeout_error
+    outcomes = Hash.new(0)
+    evt do
+      3.times do
+        Fiber.schedule do
+          r, w = IO.pipe
+          40.times do
+            Timeout.timeout(0.002) { r.read(1) }
+            outcomes[:read] += 1
+          rescue Timeout::Error
+            outcomes[:timeout] += 1
+          rescue StandardError => e
+            outcomes[e.class] += 1
+          end
+        ensure
+          r&.close
+          w&.close
+        end
+      end
+    end
+    assert_equal({timeout: 120}, outcomes)
+  end
+
   def test_timeout_gives_the_block_value_when_it_finishes_first
     evt { assert_equal :done, Timeout.timeout(5) { :done } }
   end

@@ -670,16 +670,37 @@ evt_loop_interrupt(struct evt_loop *loop, VALUE fiber, VALUE exception)
     loop_request(loop, fiber, exception);
 }
 
-static VALUE
-raise_in_fiber(VALUE request)
+/* Raises exception in fiber from the loop fiber: a switch to it, as switch_to's, so `current` names
+ * it until it waits again or ends (when control comes back here). Else the fiber's unwinding would
+ * take whichever fiber `current` named last for the one that switched to it, and ready that one in
+ * the middle of its own wait (seen: an io_uring read cancelled by its own fiber, Errno::ECANCELED). */
+static void
+raise_into(struct evt_loop *loop, VALUE fiber, VALUE exception)
 {
-    VALUE exception = RARRAY_AREF(request, 1);
-    return rb_fiber_raise(RARRAY_AREF(request, 0), 1, &exception);
+    loop->current = fiber;
+    rb_fiber_raise(fiber, 1, &exception);
+    loop->current = loop->loop_fiber;
+}
+
+struct interrupt {
+    struct evt_loop *loop;
+    VALUE fiber;
+    VALUE exception;
+};
+
+static VALUE
+interrupt_fiber(VALUE ptr)
+{
+    struct interrupt *interrupt = (struct interrupt *)ptr;
+    raise_into(interrupt->loop, interrupt->fiber, interrupt->exception);
+    return Qnil;
 }
 
 static VALUE
-fiber_gone(VALUE request, VALUE error)
+fiber_gone(VALUE ptr, VALUE error)
 {
+    struct evt_loop *loop = ((struct interrupt *)ptr)->loop;
+    loop->current = loop->loop_fiber;
     return Qnil; /* it is not suspended any more (resumed by another fiber): nothing to interrupt */
 }
 
@@ -700,7 +721,10 @@ loop_take_requests(struct evt_loop *loop, int interrupts)
         else if (!interrupts) loop_request(loop, first, second); /* kept for later, without a wakeup */
         else if (first == rb_fiber_current()) own = second;
         /* As timeout_after does: control comes back when that fiber waits again or ends. */
-        else if (RTEST(rb_fiber_alive_p(first))) rb_rescue2(raise_in_fiber, request, fiber_gone, request, eFiberError, 0);
+        else if (RTEST(rb_fiber_alive_p(first))) {
+            struct interrupt interrupt = {loop, first, second};
+            rb_rescue2(interrupt_fiber, (VALUE)&interrupt, fiber_gone, (VALUE)&interrupt, eFiberError, 0);
+        }
     }
     if (!NIL_P(own)) rb_exc_raise(own);
 }
@@ -715,7 +739,7 @@ loop_fire_timers(struct evt_loop *loop, int64_t now)
              * waits again or ends. */
             struct evt_timeout *timeout = evt_container_of(timer, struct evt_timeout, timer);
             evt_timers_remove(&loop->timers, timer);
-            rb_fiber_raise(timeout->fiber, 1, &timeout->exception);
+            raise_into(loop, timeout->fiber, timeout->exception);
             continue;
         }
         struct evt_waiter *w = evt_container_of(timer, struct evt_waiter, timer);
