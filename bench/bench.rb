@@ -49,9 +49,10 @@ module Bench
               "server makes that failed (message content and order, sleeps or timeouts ending early, Timeout not " \
               "firing, waiters a close did not end with IOError, any other exception, a fiber stalled " \
               "#{Soak::STALL_LIMIT.to_i} s) and each activity that made no progress in a row; RSS, fds and CPU from /proc " \
-              "at the end of each row, with the HTTP connections ended and the fibers that open and close pipes " \
-              "parked where they hold the same ones, so flat means the same count at every row; late ms: the " \
-              "latest a sleeper woke in the row)",
+              "at the end of each row, with the HTTP connections ended, the fibers that open and close pipes " \
+              "parked where they hold the same ones (so flat means the same count at every row), and " \
+              "Process.warmup run (full GC, compaction, malloc_trim: RSS is what stays, not garbage or memory " \
+              "malloc keeps free); late ms: the latest a sleeper woke in the row)",
     "http-keepalive" => "(syscalls/req: a separate 1-2 s run under strace -c -f, which slows the server down)",
     "close-waiters" => "(us: IO#close's average time per IO; woken: readers the closes themselves ended with " \
                        "IOError, of N; HANG: the rest never woke)",

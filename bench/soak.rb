@@ -109,7 +109,9 @@ module Bench
 
     # One pipe each way; this fiber sends the n-th message, an echo fiber checks it and sends it
     # back, this fiber checks the echo. Small messages mostly, every 16th larger than a pipe holds.
-    # A failure on either side ends the pair (counted once, here) and a new pair starts.
+    # A failure on either side ends the pair (counted once, here) and a new pair starts. Reads go
+    # into buffers kept for the pair: the kernel (or the ring) writes into the same memory again and
+    # again, and RSS shows the process's memory rather than malloc's churn of 128 KiB strings.
     def pingpong(name)
       there_r, there_w = IO.pipe
       back_r, back_w = IO.pipe
@@ -121,15 +123,18 @@ module Bench
         back_w.close # this fiber then reads the end of file, and reports why
       end
       sequence = 0
+      header = String.new(capacity: 4)
+      echoed = String.new(capacity: MESSAGE_MAX)
       loop do
         pause_point(name)
         body = message(sequence)
         there_w.write([body.bytesize].pack("N"), body)
-        echoed = back_r.read(4 + body.bytesize)
-        unless echoed&.byteslice(4..) == body
+        back_r.read(4, header)
+        back_r.read(body.bytesize, echoed)
+        unless header.bytesize == 4 && header.unpack1("N") == body.bytesize && echoed == body
           raise "#{name}: echo: #{echo_failure.class}: #{echo_failure.message}" if echo_failure
 
-          raise "#{name}: the echo of message #{sequence} differs (#{echoed&.bytesize.to_i} bytes)"
+          raise "#{name}: the echo of message #{sequence} differs (#{echoed.bytesize} bytes)"
         end
         sequence += 1
         @counts[:pipes] += 1
@@ -141,15 +146,19 @@ module Bench
 
     def echo(input, output)
       sequence = 0
+      header = String.new(capacity: 4)
+      body = String.new(capacity: MESSAGE_MAX)
       loop do
-        header = input.read(4) or raise "end of file before message #{sequence}"
-        body = input.read(header.unpack1("N"))
-        raise "message #{sequence} differs (#{body&.bytesize.to_i} bytes)" unless body == message(sequence)
+        input.read(4, header) or raise "end of file before message #{sequence}"
+        input.read(header.unpack1("N"), body) or raise "end of file in message #{sequence}"
+        raise "message #{sequence} differs (#{body.bytesize} bytes)" unless body == message(sequence)
 
         output.write(header, body)
         sequence += 1
       end
     end
+
+    MESSAGE_MAX = 131_072
 
     def message(sequence)
       length = (sequence % 16).zero? ? 65_536 + (sequence * 7919) % 65_536 : 1 + (sequence * 7919) % 4096
@@ -397,6 +406,10 @@ module Bench
       end
       error(*@thread_errors.pop) until @thread_errors.empty?
       stalls
+      # bin/bench reads RSS next: what stays, not garbage not yet collected (as idle_server.rb), nor
+      # memory malloc holds free. Process.warmup is a full GC, a compaction (which moves the objects
+      # evt's C holds: a test of its own), and malloc_trim.
+      Process.warmup
       figures = @counts.merge(connections: @connections, late_ms: (@late * 1e3).round(2), samples: @samples)
       @late = 0.0
       figures
