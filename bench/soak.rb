@@ -268,9 +268,9 @@ module Bench
     # ---- IO#close of waited IOs ---------------------------------------------------------------
 
     # The waits a close must end with IOError, on the read end and on the write end of a full pipe.
-    READ_WAITS = {"read" => ->(io) { io.read(1) }, "gets" => lambda(&:gets),
-                  "wait_readable" => lambda(&:wait_readable)}.freeze
-    WRITE_WAITS = {"write" => ->(io) { io.write("y" * 4096) }, "wait_writable" => lambda(&:wait_writable)}.freeze
+    READ_WAITS = {"read" => ->(io) { io.read(1) }, "gets" => ->(io) { io.gets },
+                  "wait_readable" => ->(io) { io.wait_readable }}.freeze
+    WRITE_WAITS = {"write" => ->(io) { io.write("y" * 4096) }, "wait_writable" => ->(io) { io.wait_writable }}.freeze
 
     # Rounds in which this fiber closes the pipe end the other fibers wait on, after 0-5 ms.
     def fiber_closes(name, random)
