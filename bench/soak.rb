@@ -36,11 +36,12 @@ module Bench
     THREAD_CLOSE_SLOTS = 2 # each with a Ruby thread of its own that does the closes
     WAKE_LIMIT = 5.0 # seconds a closed IO's waiters may take to raise before they count as hung
     STALL_LIMIT = 10.0 # seconds without progress before an activity's fiber counts as stalled
-    SETTLE_LIMIT = 15.0 # seconds a sample waits for the close rounds to pause and HTTP to drain
-    # A wait may end this much before its time without counting as early: sleep and timers are
-    # promised to the loop's clock, which reads in whole nanoseconds but waits in whole ms (epoll).
-    EARLY = 0.0005
-    SAMPLES = 10
+    SETTLE_LIMIT = 15.0 # seconds a sample waits for the pipe-making fibers to park and HTTP to drain
+    # A wait may end this much before its time without counting as early. evt reads the monotonic
+    # clock afresh for each deadline (no time cached per loop turn, as libuv does), so only the
+    # rounding of a Float duration to nanoseconds is left; this is far beyond it.
+    EARLY = 0.0001
+    SAMPLES = 10 # distinct error messages kept, with their counts
     # Ping-pong messages are slices of this: both ends compute the n-th message on their own.
     PAYLOAD = Random.new(1).bytes(256 * 1024).freeze
 
