@@ -3,6 +3,7 @@
 # bin/bench's driver: every scenario against every subject, each subject a fresh process, figures
 # comparable within one run. See bin/bench --help.
 require "etc"
+require "fileutils"
 require "json"
 require "open3"
 require "optparse"
@@ -41,6 +42,11 @@ module Bench
   # soak: the server's counters that must grow in every row (an activity that stops is an error).
   SOAK_ACTIVITIES = {requests: "HTTP", pipes: "pipes", sleeps: "sleeps", timeouts: "timeouts", queued: "queues",
                      closes: "closes"}.freeze
+  # soak's rows: [key, title, width, format].
+  SOAK_COLUMNS = [[:t_s, "t s", 5, "%d"], [:requests, "requests", 9, "%d"], [:errors, "errors", 7, "%d"],
+                  [:rss_mb, "RSS MB", 7, "%.1f"], [:fds, "fds", 5, "%d"], [:cpu_pct, "CPU %", 6, "%.1f"],
+                  [:pipes, "pipes", 8, "%d"], [:sleeps, "sleeps", 8, "%d"], [:timeouts, "timeouts", 9, "%d"],
+                  [:queued, "queued", 8, "%d"], [:closes, "closes", 7, "%d"], [:late_ms, "late ms", 8, "%.1f"]].freeze
 
   NOTES = {
     "timers" => "(peak RSS counts the fibers alive at once: a scheduler that starts them faster has more " \
@@ -407,12 +413,14 @@ module Bench
       seconds = @size[:soak]
       interval = seconds >= 120 ? 60 : 5
       log = File.join(ROOT, "tmp/bench/soak.#{subject}.stderr")
+      FileUtils.mkdir_p(File.dirname(log))
       figures = {duration_s: seconds, interval_s: interval, intervals: [], stderr_file: relative(log)}
       started = clock
       note "  #{subject}: #{seconds} s, a row every #{interval} s (the server's stderr: #{relative(log)})"
       note soak_header
-      server = start_server([*ruby, "bench/soak.rb", subject], mode: "r+", err: log)
+      server = nil
       begin
+        server = start_server([*ruby, "bench/soak.rb", subject], mode: "r+", err: log)
         soak_rows(server, seconds, interval, figures)
       rescue Failure, Timeout::Error, SystemCallError, JSON::ParserError => e
         figures[:error] = soak_death(server, log) || e.message.lines.first.strip
@@ -497,11 +505,6 @@ module Bench
        cpu_pct: ((after[:cpu] - before[:cpu]) * 100 / (after[:at] - before[:at])).round(1)}
     end
 
-    SOAK_COLUMNS = [[:t_s, "t s", 5, "%d"], [:requests, "requests", 9, "%d"], [:errors, "errors", 7, "%d"],
-                    [:rss_mb, "RSS MB", 7, "%.1f"], [:fds, "fds", 5, "%d"], [:cpu_pct, "CPU %", 6, "%.1f"],
-                    [:pipes, "pipes", 8, "%d"], [:sleeps, "sleeps", 8, "%d"], [:timeouts, "timeouts", 9, "%d"],
-                    [:queued, "queued", 8, "%d"], [:closes, "closes", 7, "%d"], [:late_ms, "late ms", 8, "%.1f"]].freeze
-
     def soak_header
       SOAK_COLUMNS.map { |_, title, width, _| title.rjust(width) }.join(" ")
     end
@@ -513,6 +516,8 @@ module Bench
     # Why the server is gone, with the first line of its stderr that says what went wrong; nil
     # while it runs.
     def soak_death(server, log)
+      return nil unless server
+
       status = nil
       20.times do # it may still be writing its crash report
         break if (status = Process.waitpid2(server[:pid], Process::WNOHANG)&.last)
