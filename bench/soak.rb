@@ -38,7 +38,7 @@ module Bench
     STALL_LIMIT = 10.0 # seconds without progress before an activity's fiber counts as stalled
     SETTLE_LIMIT = 15.0 # seconds a sample waits for the pipe-making fibers to park and HTTP to drain
     # A wait may end this much before its time without counting as early. evt reads the monotonic
-    # clock afresh for each deadline (no time cached per loop turn, as libuv does), so only the
+    # clock afresh for each deadline (it keeps no time per loop turn, as libuv does), so only the
     # rounding of a Float duration to nanoseconds is left; this is far beyond it.
     EARLY = 0.0001
     SAMPLES = 10 # distinct error messages kept, with their counts
@@ -74,11 +74,7 @@ module Bench
       while (line = input.gets)
         case line.chomp
         when "sample"
-          output.puts JSON.generate(begin
-            sample
-          rescue StandardError => e # a bug here must not leave bin/bench waiting
-            {fatal: "#{e.class}: #{e.message}"}
-          end)
+          output.puts JSON.generate(sample_or_why_not)
           output.flush
         when "resume" then @paused = false
         end
@@ -87,6 +83,12 @@ module Bench
     end
 
     private
+
+    def sample_or_why_not
+      sample
+    rescue StandardError => e # a bug here must not leave bin/bench waiting
+      {fatal: "#{e.class}: #{e.message}"}
+    end
 
     # ---- the activities ---------------------------------------------------------------------
 
