@@ -3,17 +3,21 @@
 # bin/bench's driver: every scenario against every subject, each subject a fresh process, figures
 # comparable within one run. See bin/bench --help.
 require "etc"
+require "fileutils"
 require "json"
 require "open3"
 require "optparse"
 require "rbconfig"
 require "timeout"
 require_relative "chart"
+require_relative "soak"
 
 module Bench
   ROOT = File.expand_path("..", __dir__)
   SCENARIOS = %w[http-keepalive http-close pipe-pingpong timers idle-connections close-waiters blocking-ops
                  http-cpu].freeze
+  # Scenarios that run only when --only names them: soak takes 10 minutes per backend.
+  ON_REQUEST = %w[soak].freeze
   # Scenarios about evt's use of every core, with subjects of their own (evt configured two ways).
   CORE_SUBJECTS = {"blocking-ops" => ->(_cores) { %w[evt-pool-off evt-pool-on threads] },
                    "http-cpu" => ->(cores) { ["evt-workers-1", "evt-workers-#{cores}"] }}.freeze
@@ -23,14 +27,38 @@ module Bench
   # Sizes: the full run, and --quick (the whole suite in under a minute).
   SIZES = {
     full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000,
-           waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8, repeats: 3},
+           waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8, repeats: 3, soak: 600},
     quick: {duration: 1, warmup: 1, strace: 1, pairs: 10, messages: 2_000, fibers: 10_000, idle: 1_000,
-            waiters: [10, 100, 1000], deflates: 4, deflate_mib: 2, repeats: 1},
+            waiters: [10, 100, 1000], deflates: 4, deflate_mib: 2, repeats: 1, soak: 30},
   }.freeze
+
+  # soak's HTTP load: two wrk at once, [connections, headers].
+  SOAK_LOAD = [[50, []], [20, ["-H", "Connection: close"]]].freeze
+  # soak's targets: RSS at the last row within this many % of the first row's.
+  SOAK_RSS_PERCENT = 5.0
+  # soak: seconds bin/bench waits for the server's answer to a sample (it may itself wait up to
+  # Soak::SETTLE_LIMIT for its fibers to park) before it calls the server hung.
+  SOAK_ANSWER = 60
+  # soak: the server's counters that must grow in every row (an activity that stops is an error).
+  SOAK_ACTIVITIES = {requests: "HTTP", pipes: "pipes", sleeps: "sleeps", timeouts: "timeouts", queued: "queues",
+                     closes: "closes"}.freeze
+  # soak's rows: [key, title, width, format].
+  SOAK_COLUMNS = [[:t_s, "t s", 5, "%d"], [:requests, "requests", 9, "%d"], [:errors, "errors", 7, "%d"],
+                  [:rss_mb, "RSS MB", 7, "%.1f"], [:fds, "fds", 5, "%d"], [:cpu_pct, "CPU %", 6, "%.1f"],
+                  [:pipes, "pipes", 8, "%d"], [:sleeps, "sleeps", 8, "%d"], [:timeouts, "timeouts", 9, "%d"],
+                  [:queued, "queued", 8, "%d"], [:closes, "closes", 7, "%d"], [:late_ms, "late ms", 8, "%.1f"]].freeze
 
   NOTES = {
     "timers" => "(peak RSS counts the fibers alive at once: a scheduler that starts them faster has more " \
                 "of them overlapping within the 100 ms)",
+    "soak" => "(requests: served, by the server's count; errors: wrk's socket errors and non-2xx, every check the " \
+              "server makes that failed (message content and order, sleeps or timeouts ending early, Timeout not " \
+              "firing, waiters a close did not end with IOError, any other exception, a fiber stalled " \
+              "#{Soak::STALL_LIMIT.to_i} s) and each activity that made no progress in a row; RSS, fds and CPU from /proc " \
+              "at the end of each row, with the HTTP connections ended, the fibers that open and close pipes " \
+              "parked where they hold the same ones (so flat means the same count at every row), and " \
+              "Process.warmup run (full GC, compaction, malloc_trim: RSS is what stays, not garbage or memory " \
+              "malloc keeps free); late ms: the latest a sleeper woke in the row)",
     "http-keepalive" => "(syscalls/req: a separate 1-2 s run under strace -c -f, which slows the server down)",
     "close-waiters" => "(us: IO#close's average time per IO; woken: readers the closes themselves ended with " \
                        "IOError, of N; HANG: the rest never woke)",
@@ -55,6 +83,7 @@ module Bench
       end
       @size = SIZES.fetch(@options[:quick] ? :quick : :full).dup
       @size[:duration] = @options[:duration] if @options[:duration]
+      @size[:soak] = @options[:soak] if @options[:soak]
       @cores = Etc.nprocessors
       @results = []
       @started = clock
@@ -70,11 +99,11 @@ module Bench
         subjects_for(scenario, subjects).each do |subject, unavailable|
           @results << measure(scenario, subject, unavailable)
         end
-        add_ratios(scenario)
+        add_ratios(scenario) unless scenario == "soak"
         print_table(scenario)
       end
-      write_outputs
-      note format("\ndone in %.0f s: %s, %s", clock - @started, relative(@options[:json]), relative(@options[:svg]))
+      written = write_outputs
+      note format("\ndone in %.0f s: %s", clock - @started, written.map { |f| relative(f) }.join(", "))
     end
 
     private
@@ -85,17 +114,24 @@ module Bench
         o.on("--quick", "the whole suite in under a minute, smaller sizes") { @options[:quick] = true }
         o.on("--json FILE", "write the results here (bench/results/latest.json)") { |f| @options[:json] = File.expand_path(f) }
         o.on("--svg FILE", "write the chart here (bench/results/latest.svg)") { |f| @options[:svg] = File.expand_path(f) }
-        o.on("--only SCENARIO[,..]", Array, "scenarios: #{SCENARIOS.join(", ")}") do |list|
-          unknown = list - SCENARIOS
+        o.on("--only SCENARIO[,..]", Array, "scenarios: #{SCENARIOS.join(", ")} (all of them by default);",
+             "soak runs only when named here: mixed load for 10 minutes on each C backend (30 s with --quick)") do |list|
+          unknown = list - SCENARIOS - ON_REQUEST
           raise OptionParser::InvalidArgument, "unknown scenario #{unknown.join(", ")}" unless unknown.empty?
 
           @options[:only] = list
         end
         o.on("--subjects NAME[,..]", Array, "subjects to run (default: all)") { |list| @options[:subjects] = list }
-        o.on("--duration S", Integer, "whole seconds each HTTP measurement lasts") do |s|
+        o.on("--duration S", Integer, "whole seconds each HTTP measurement lasts (not soak's)") do |s|
           raise OptionParser::InvalidArgument, "duration must be positive" unless s.positive?
 
           @options[:duration] = s
+        end
+        o.on("--soak-duration S", Integer, "seconds soak lasts per backend (600; 30 with --quick);",
+             "a row every 60 s, or every 5 s under 2 minutes") do |s|
+          raise OptionParser::InvalidArgument, "soak needs at least 10 s (two rows)" unless s >= 10
+
+          @options[:soak] = s
         end
       end.parse!(argv)
     end
@@ -116,6 +152,8 @@ module Bench
 
     # The core scenarios' own subjects (those --subjects names, if it names any of them).
     def subjects_for(scenario, subjects)
+      return soak_subjects if scenario == "soak"
+
       own = CORE_SUBJECTS[scenario] or return subjects
       names = own.call(@cores)
       names &= @options[:subjects] if @options[:subjects]&.intersect?(names)
@@ -156,6 +194,7 @@ module Bench
 
       reason = not_applicable(scenario, subject)
       return row.merge(skipped: reason) if reason
+      return row.merge(soak(subject)) if scenario == "soak" # it reports its progress row by row
 
       progress(subject) do
         figures = case scenario
@@ -224,9 +263,9 @@ module Bench
     end
 
     # A server in a process group of its own, pinned to CPU 0 unless told otherwise; it prints
-    # "listening on PORT".
-    def start_server(command, pinned: true)
-      stdout = IO.popen(bench_env, [*(pinned ? pin(0) : []), *command], chdir: ROOT, err: File::NULL, pgroup: true)
+    # "listening on PORT". +mode+ "r+" gives its stdin too; +err+ is where its stderr goes.
+    def start_server(command, pinned: true, mode: "r", err: File::NULL)
+      stdout = IO.popen(bench_env, [*(pinned ? pin(0) : []), *command], mode, chdir: ROOT, err: err, pgroup: true)
       server = {pid: stdout.pid, stdout: stdout}
       line = Timeout.timeout(30) { stdout.gets }
       server[:port] = line && line[/listening on (\d+)/, 1] or raise Failure, "the server did not start"
@@ -353,6 +392,216 @@ module Bench
        flat: measured.size > 1 ? (last[:close_avg_us] / measured.first[:close_avg_us]).round(2) : nil}
     end
 
+    # ---- soak ----------------------------------------------------------------------------------
+
+    # Every backend of the C extension that runs here (the pure-Ruby select loop is not this code).
+    def soak_subjects
+      script = 'require "evt"; puts Evt::Loop.backends.select { |b| Evt::Loop.probe(b).nil? } if Evt.extension?'
+      out, status = Open3.capture2(*ruby, "-e", script)
+      abort "bin/bench: evt does not load" unless status.success?
+      names = out.split.map { |name| "evt-#{name}" }
+      return [["evt", "the C extension is not loaded, and the soak is about its backends"]] if names.empty?
+
+      names &= @options[:subjects] if @options[:subjects]&.intersect?(names)
+      names.map { |name| [name, nil] }
+    end
+
+    # bench/soak.rb under both wrk loads, a row at the end of every interval: the server's counters,
+    # then its RSS, descriptors and CPU time from /proc. A server that dies or stops answering ends
+    # the backend's soak with the reason and the start of its stderr; the rows so far stay.
+    def soak(subject)
+      seconds = @size[:soak]
+      interval = seconds >= 120 ? 60 : 5
+      log = File.join(ROOT, "tmp/bench/soak.#{subject}.stderr")
+      FileUtils.mkdir_p(File.dirname(log))
+      figures = {duration_s: seconds, interval_s: interval, intervals: [], stderr_file: relative(log)}
+      started = clock
+      note "  #{subject}: #{seconds} s, a row every #{interval} s (the server's stderr: #{relative(log)})"
+      note soak_header
+      server = nil
+      begin
+        server = start_server([*ruby, "bench/soak.rb", subject], mode: "r+", err: log)
+        soak_rows(server, seconds, interval, figures)
+      rescue Failure, Timeout::Error, SystemCallError, JSON::ParserError => e
+        figures[:error] = soak_death(server, log) || e.message.lines.first.strip
+        figures[:stderr] = stderr_lines(log).first(20)
+      ensure
+        stop(server)
+      end
+      figures.merge!(soak_verdict(figures))
+      note format("  %s: %.0f s, %s", subject, clock - started, figures[:pass] ? "PASS" : "FAIL")
+      figures
+    end
+
+    def soak_rows(server, seconds, interval, figures)
+      url = "http://127.0.0.1:#{server[:port]}/"
+      # The first row counts from the server's start: an error before this sample is one too.
+      previous = soak_sample(server).merge(counters: {})
+      elapsed = 0
+      while elapsed < seconds
+        slice = [interval, seconds - elapsed].min
+        loads = soak_load(url, slice)
+        current = soak_sample(server)
+        elapsed += slice
+        figures[:intervals] << soak_row(elapsed, previous, current, loads)
+        figures[:samples] = current[:counters][:samples]
+        note soak_line(figures[:intervals].last)
+        previous = current
+      end
+    end
+
+    # Every wrk load at once, for +seconds+, all on CPU 1.
+    def soak_load(url, seconds)
+      threads = SOAK_LOAD.map do |connections, headers|
+        Thread.new { wrk(url, connections, seconds, headers) }.tap { |t| t.report_on_exception = false }
+      end
+      outcomes = threads.map do |thread|
+        thread.value
+      rescue StandardError => e
+        e
+      end
+      failed = outcomes.find { |outcome| outcome.is_a?(Exception) }
+      raise failed if failed
+
+      outcomes
+    end
+
+    # The server's counters (it parks its pipe-making fibers and waits for the HTTP connections to
+    # end first), then /proc, then the server goes on.
+    def soak_sample(server)
+      io = server[:stdout]
+      reply = Timeout.timeout(SOAK_ANSWER) do
+        io.puts "sample"
+        io.flush
+        io.gets
+      end
+      raise Failure, "the server closed its output" unless reply
+
+      counters = JSON.parse(reply, symbolize_names: true)
+      raise Failure, "the server's sampler failed: #{counters[:fatal]}" if counters[:fatal]
+
+      pid = server[:pid]
+      sample = {counters: counters, rss_mb: proc_rss_mb(pid), fds: Dir.children("/proc/#{pid}/fd").size,
+                cpu: cpu_seconds(pid), at: clock}
+      io.puts "resume"
+      io.flush
+      sample
+    rescue Timeout::Error
+      raise Failure, "the server did not answer a sample in #{SOAK_ANSWER} s (its loop hung?)"
+    end
+
+    def soak_row(at, before, after, loads)
+      count = ->(key) { after[:counters][key].to_i - before[:counters][key].to_i }
+      progress = {requests: count.call(:requests), pipes: count.call(:pipes), sleeps: count.call(:sleeps),
+                  timeouts: count.call(:timeouts_done) + count.call(:timeouts_fired), queued: count.call(:queued),
+                  closes: count.call(:closes)}
+      stalled = SOAK_ACTIVITIES.filter_map { |key, name| name unless progress[key].positive? }
+      wrk_errors = loads.sum { |load| load[:errors] }
+      server_errors = count.call(:errors)
+      {t_s: at, **progress, errors: wrk_errors + server_errors + stalled.size, wrk_errors: wrk_errors,
+       server_errors: server_errors, stalled: stalled, wrk_requests: loads.sum { |load| load[:requests] },
+       timeouts_fired: count.call(:timeouts_fired), woken: count.call(:woken), late_ms: after[:counters][:late_ms],
+       p99_ms: loads.map { |load| load[:p99_ms] }, rss_mb: after[:rss_mb].round(1), fds: after[:fds],
+       cpu_pct: ((after[:cpu] - before[:cpu]) * 100 / (after[:at] - before[:at])).round(1)}
+    end
+
+    def soak_header
+      SOAK_COLUMNS.map { |_, title, width, _| title.rjust(width) }.join(" ")
+    end
+
+    def soak_line(row)
+      SOAK_COLUMNS.map { |key, _, width, fmt| format(fmt, row[key]).rjust(width) }.join(" ")
+    end
+
+    # Why the server is gone, with the first line of its stderr that says what went wrong; nil
+    # while it runs.
+    def soak_death(server, log)
+      return nil unless server
+
+      status = nil
+      20.times do # it may still be writing its crash report
+        break if (status = Process.waitpid2(server[:pid], Process::WNOHANG)&.last)
+
+        sleep 0.1
+      end
+      return nil unless status
+
+      how = status.signaled? ? "killed by SIG#{Signal.signame(status.termsig)}" : "exited with status #{status.exitstatus}"
+      lines = stderr_lines(log)
+      first = lines.find { |l| l =~ /\[BUG\]|Error|error|abort/ } || lines.first
+      "the server died (#{how})#{": #{first.strip}" if first}"
+    end
+
+    def stderr_lines(log)
+      File.exist?(log) ? File.readlines(log, chomp: true) : []
+    end
+
+    # The targets: no error, RSS at the last row within SOAK_RSS_PERCENT of the first, and the very
+    # same descriptor count at every row (taken at a point where the server holds the same ones).
+    def soak_verdict(figures)
+      rows = figures[:intervals]
+      return {pass: false, verdict: "FAIL: #{figures[:error] || "fewer than two rows"}"} if rows.size < 2
+
+      first, last = rows.values_at(0, -1)
+      errors = rows.sum { |row| row[:errors] }
+      rss_percent = ((last[:rss_mb] / first[:rss_mb] - 1) * 100).round(1)
+      fds = rows.map { |row| row[:fds] }
+      failed = []
+      failed << figures[:error] if figures[:error]
+      failed << "errors" unless errors.zero?
+      failed << "RSS" if rss_percent.abs > SOAK_RSS_PERCENT
+      failed << "descriptors" unless fds.uniq.size == 1
+      text = format("%d errors (target 0); RSS %.1f MB at %d s, %.1f MB at %d s: %+.1f %% (target: within %.0f %%); ",
+                    errors, first[:rss_mb], first[:t_s], last[:rss_mb], last[:t_s], rss_percent, SOAK_RSS_PERCENT)
+      text += fds.uniq.size == 1 ? "descriptors #{fds.first} at every row (flat)" : "descriptors #{fds.join(" ")} (not flat)"
+      {errors: errors, rss_change_percent: rss_percent, fds_first: fds.first, fds_last: fds.last, fds_min: fds.min,
+       fds_max: fds.max, fds_flat: fds.uniq.size == 1, pass: failed.empty?,
+       verdict: failed.empty? ? "PASS: #{text}" : "FAIL (#{failed.join(", ")}): #{text}"}
+    end
+
+    def print_soak
+      rows = @results.select { |r| r[:scenario] == "soak" }
+      puts
+      puts "soak (#{description("soak")})"
+      puts "targets: 0 errors; RSS at the last row within #{SOAK_RSS_PERCENT.to_i} % of the first row's; descriptors flat " \
+           "(the same count at every row)"
+      rows.each do |row|
+        puts
+        next puts "#{row[:subject]}  n/a: #{row[:skipped]}" if row[:skipped]
+
+        puts "#{row[:subject]}: #{row[:duration_s]} s, a row every #{row[:interval_s]} s"
+        puts soak_header
+        row[:intervals].each { |interval| puts soak_line(interval) }
+        soak_problems(row).each { |line| puts "  #{line}" }
+        puts "verdict #{row[:subject]}: #{row[:verdict]}"
+      end
+      measured = rows.reject { |r| r[:skipped] }
+      if measured.size > 1
+        passed, failed = measured.partition { |r| r[:pass] }
+        puts
+        puts "soak: #{[("PASS on #{passed.map { |r| r[:subject] }.join(", ")}" if passed.any?),
+                       ("FAIL on #{failed.map { |r| r[:subject] }.join(", ")}" if failed.any?)].compact.join("; ")}"
+      end
+      puts NOTES["soak"]
+      $stdout.flush
+    end
+
+    # What the errors were: the server's samples (the first kinds, with their counts), wrk's, the
+    # activities that stalled, and a failure with the start of the server's stderr.
+    def soak_problems(row)
+      lines = (row[:samples] || {}).map { |text, count| "error x#{count}: #{text}" }
+      row[:intervals].each do |interval|
+        lines << "at #{interval[:t_s]} s: #{interval[:wrk_errors]} wrk errors (socket or non-2xx)" if interval[:wrk_errors].positive?
+        lines << "at #{interval[:t_s]} s: no progress in #{interval[:stalled].join(", ")}" if interval[:stalled].any?
+      end
+      if row[:error]
+        lines << "FAILED: #{row[:error]}"
+        lines.concat(row[:stderr].first(8).map { |line| "  stderr: #{line}" }) if row[:stderr]&.any?
+        lines << "  (the whole stderr: #{row[:stderr_file]})"
+      end
+      lines
+    end
+
     # ---- figures -------------------------------------------------------------------------------
 
     # What each scenario is judged by: lower is better for all of them.
@@ -384,6 +633,7 @@ module Bench
 
     def print_table(scenario)
       return print_close_waiters if scenario == "close-waiters"
+      return print_soak if scenario == "soak"
 
       rows = @results.select { |r| r[:scenario] == scenario }
       columns = if scenario == "http-cpu"
@@ -463,16 +713,31 @@ module Bench
       when "close-waiters" then "N = #{@size[:waiters].join(", ")} readers blocked on N pipes, every read end closed"
       when "blocking-ops" then "#{@size[:deflates]} fibers each deflating #{@size[:deflate_mib]} MiB with Zlib"
       when "http-cpu" then "wrk -t1 -c100 -d#{@size[:duration]}s, keep-alive, 0.5 ms of Ruby per request"
+      when "soak"
+        "#{@size[:soak]} s of mixed load on one server per C backend, one backend at a time: " \
+          "#{SOAK_LOAD.map { |c, headers| "wrk -t1 -c#{c} #{headers.empty? ? "keep-alive" : "Connection: close"}" }.join(" and ")} " \
+          "at once; #{Soak::PINGPONG_PAIRS} pipe pairs ping-ponging checked messages; #{Soak::SLEEPERS} fibers sleeping " \
+          "0-10 ms; #{Soak::TIMEOUT_FIBERS} fibers in Timeout.timeout(2-10 ms) around sleeps, Queue#pop and pipe reads; " \
+          "#{Soak::PRODUCERS} threads feeding #{Soak::PRODUCERS * Soak::QUEUES_PER_PRODUCER} queues that fibers pop; " \
+          "pipes fibers read or write closed by a fiber (#{Soak::FIBER_CLOSE_SLOTS} at a time) or a thread " \
+          "(#{Soak::THREAD_CLOSE_SLOTS})"
       end
     end
 
+    # The JSON holds every scenario; the chart every one but soak, whose rows over time are no bar.
+    # A run with nothing to chart leaves the chart file as it was. Returns the files written.
     def write_outputs
       document = {ruby: RUBY_VERSION, cores: @cores, date: Time.now.utc.strftime("%Y-%m-%d"),
                   run: @options[:quick] ? "quick" : "full", http_duration_s: @size[:duration],
                   results: @results}
+      document[:soak_duration_s] = @size[:soak] if @options[:only].include?("soak")
       [@options[:json], @options[:svg]].each { |f| Dir.mkdir(File.dirname(f)) unless Dir.exist?(File.dirname(f)) }
       File.write(@options[:json], "#{JSON.pretty_generate(document)}\n")
-      File.write(@options[:svg], Chart.new(document).to_svg)
+      charted = @results.reject { |r| r[:scenario] == "soak" }
+      return [@options[:json]] if charted.empty?
+
+      File.write(@options[:svg], Chart.new(document.merge(results: charted)).to_svg)
+      [@options[:json], @options[:svg]]
     end
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -508,6 +773,10 @@ module Bench
       rescue SystemCallError
         0 # ended meanwhile
       end
+    end
+
+    def proc_rss_mb(pid)
+      File.read("/proc/#{pid}/status")[/^VmRSS:\s+(\d+) kB/, 1].to_i / 1024.0
     end
 
     def cpu_seconds(pid)
