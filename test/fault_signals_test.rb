@@ -8,7 +8,7 @@ require "test_helper"
 # reaches Ruby code.
 class FaultSignalsTest < Minitest::Test
   SIGNALS = %w[USR1 USR2].freeze
-  STORM = 100_000 # at most, per sender: the storm stops once the fibers are done
+  STORM = 30_000 # at most, per sender: the storm stops once the fibers are done
 
   def evt(timeout: 20, &block)
     super
@@ -39,11 +39,11 @@ class FaultSignalsTest < Minitest::Test
     end
   end
 
-  # Sends USR1 and USR2 to +pid+, alternately and as fast as it can, until STORM are sent or the
+  # Sends USR1 and USR2 to +pid+, alternately and as fast as it can, until +limit+ are sent or the
   # block (asked every few signals) says stop; returns how many it sent.
-  def send_signals(pid)
+  def send_signals(pid, limit)
     sent = 0
-    while sent < STORM
+    while sent < limit
       Process.kill(SIGNALS[sent % 2], pid)
       sent += 1
       break if (sent % 32).zero? && yield
@@ -52,9 +52,9 @@ class FaultSignalsTest < Minitest::Test
   end
 
   # A storm from two senders: a child process, and a thread of this process (whose signals may land
-  # on any thread). Both start when the returned go lambda is called; the stop lambda ends them and
-  # gives [signals sent, the child's exit status].
-  def storm
+  # on any thread), each sending at most +limit+. Both start when the returned go lambda is called;
+  # the stop lambda ends them and gives [signals sent, the child's exit status].
+  def storm(limit = STORM)
     go_r, go_w = IO.pipe
     stop_r, stop_w = IO.pipe
     report_r, report_w = IO.pipe
@@ -63,7 +63,7 @@ class FaultSignalsTest < Minitest::Test
       [go_w, stop_w, report_r].each(&:close)
       SIGNALS.each { |name| trap(name, "IGNORE") } # the parent's handlers are no business of the child
       go_r.read(1)
-      report_w.write(send_signals(parent) { stop_r.read_nonblock(1, exception: false) != :wait_readable }.to_s)
+      report_w.write(send_signals(parent, limit) { stop_r.read_nonblock(1, exception: false) != :wait_readable }.to_s)
       exit!(0)
     end
     [go_r, stop_r, report_w].each(&:close)
@@ -71,7 +71,7 @@ class FaultSignalsTest < Minitest::Test
     started = Thread::Queue.new
     thread = Thread.new do
       started.pop
-      send_signals(parent) { Thread.pass || stopping }
+      send_signals(parent, limit) { Thread.pass || stopping }
     end
     go = lambda do
       go_w.write("g")
@@ -254,5 +254,72 @@ class FaultSignalsTest < Minitest::Test
     assert_empty errors.map { |e| "#{e.class}: #{e.message}" }
     assert_equal ["done"] * 3, finished.grep(String)
     assert_equal [1], finished.grep(Integer)
+  end
+
+  # The self-pipe pattern: each handler writes a byte to a pipe a fiber reads. The handlers run in
+  # whichever fiber is current when the signal is taken, the loop's own included, so the write may
+  # happen in the middle of evt (a sleep, a read, the wait itself): every byte must arrive, once.
+  # A bounded storm: handlers that cost a system call each can be outpaced by an endless one, and
+  # then the main thread, which runs them all, does nothing else, with or without a scheduler.
+  def test_trap_handlers_that_write_to_a_pipe_in_a_storm
+    r, w = IO.pipe
+    received = 0
+    errors = []
+    sent = nil
+    counts = trapping(->(_name) { w.write("x") }) do
+      go, stop = storm(5_000) # at most 10,000 bytes: never a full pipe
+      evt do
+        reader = fiber(errors) do
+          while (data = r.readpartial(4096))
+            received += data.count("x")
+            break if data.end_with?("!")
+          end
+        end
+        sleepers = Array.new(20) { fiber(errors) { 100.times { sleep 0.0005 } } }
+        go.call
+        sleep 0.001 while sleepers.any?(&:alive?)
+        sent, = stop.call # waits for the storm to end
+        sleep 0.02 # the last pending handlers run
+        w.write("!")
+        sleep 0.001 while reader.alive?
+      end
+    ensure
+      stop&.call
+      sleep 0.05 # signals still pending run the handlers being restored, not the default action
+    end
+    assert_empty errors.map { |e| "#{e.class}: #{e.message}" }
+    assert_operator counts.values.sum, :>=, 2
+    assert_operator counts.values.sum, :<=, sent
+    assert_equal counts.values.sum, received, "a handler's write was lost or doubled"
+  ensure
+    [r, w].each { |io| io&.close }
+  end
+
+  # A trap handler runs on whichever fiber is current: often the one that drives the loop (a signal
+  # taken while the loop waits in the kernel), which is blocking and cannot wait for a lock. A fiber
+  # that has just written a byte to a pipe with room must not still hold that pipe's write lock
+  # there (as the writer of a full pipe would): without a scheduler the write is over at once, and
+  # the handler's own write to the same pipe (the self-pipe pattern, or $stdout with sync = true)
+  # goes through. Self-sent, the signal is handled at once, on the root fiber, here.
+  def test_a_handler_on_the_loop_fiber_writes_to_a_pipe_a_fiber_just_wrote_to
+    r, w = IO.pipe
+    errors = []
+    previous = trap("USR1") do
+      w.write("t")
+    rescue StandardError => e
+      errors << e
+    end
+    Timeout.timeout(10) do
+      Fiber.set_scheduler(Evt::Scheduler.new)
+      Fiber.schedule { w.write("a") }
+      Process.kill(:USR1, Process.pid)
+    ensure
+      Fiber.set_scheduler(nil)
+    end
+    assert_empty errors.map { |e| "#{e.class}: #{e.message}" }
+    assert_equal %w[a t], r.read_nonblock(10).chars.sort
+  ensure
+    trap("USR1", previous || "DEFAULT")
+    [r, w].each { |io| io&.close }
   end
 end
