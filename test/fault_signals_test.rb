@@ -265,8 +265,14 @@ class FaultSignalsTest < Minitest::Test
     r, w = IO.pipe
     received = 0
     errors = []
+    handler_errors = []
     sent = nil
-    counts = trapping(->(_name) { w.write("x") }) do
+    write = lambda do |_name|
+      w.write("x")
+    rescue StandardError => e # kept, not raised into whatever code the signal interrupted
+      handler_errors << e
+    end
+    counts = trapping(write) do
       go, stop = storm(5_000) # at most 10,000 bytes: never a full pipe
       evt do
         reader = fiber(errors) do
@@ -287,7 +293,16 @@ class FaultSignalsTest < Minitest::Test
       stop&.call
       sleep 0.05 # signals still pending run the handlers being restored, not the default action
     end
+    # Every write is over once the loop is: none may still hold the pipe's write lock.
+    leftover = begin
+      w.write("z")
+      nil
+    rescue ThreadError => e
+      e
+    end
+    assert_nil leftover, "a fiber still holds the pipe's write lock after the loop ended"
     assert_empty errors.map { |e| "#{e.class}: #{e.message}" }
+    assert_empty handler_errors.map { |e| "#{e.class}: #{e.message}" }.tally, "handlers' writes raised"
     assert_operator counts.values.sum, :>=, 2
     assert_operator counts.values.sum, :<=, sent
     assert_equal counts.values.sum, received, "a handler's write was lost or doubled"
