@@ -194,7 +194,8 @@ class FaultEmfileTest < Minitest::Test
   # Running short of descriptors says nothing about whether a backend can run here: once they are
   # back, every backend is available again (the first probe of each meets EMFILE here).
   def test_backends_probed_out_of_descriptors_are_available_once_freed
-    _, availables = in_a_new_process_out_of_descriptors("Evt::Scheduler.availables", 'Evt::Scheduler.availables.join(",")')
+    _, availables = in_a_new_process_out_of_descriptors('Evt::Scheduler.availables.join(",")',
+                                                        'Evt::Scheduler.availables.join(",")')
     assert_equal Evt::Scheduler.availables.map(&:to_s), availables.split(","), "a backend was lost for good after a transient EMFILE"
   end
 end

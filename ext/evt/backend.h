@@ -6,6 +6,7 @@
 #ifndef EVT_BACKEND_H
 #define EVT_BACKEND_H
 
+#include <errno.h>
 #include <stdint.h>
 
 struct evt_loop;
@@ -83,6 +84,15 @@ struct evt_backend {
      * could belong to another file by then. The loop's thread may be waiting in the kernel. */
     void (*closed_elsewhere)(struct evt_loop *loop, int fd);
 };
+
+/* Whether a failure to make a kernel object says nothing about the mechanism: the process or the
+ * system is out of descriptors for now. A probe that meets one reports the backend available (it is),
+ * and opening it raises the errno, as Ruby does for any call that needs a descriptor. */
+static inline int
+evt_out_of_descriptors(int err)
+{
+    return err == EMFILE || err == ENFILE;
+}
 
 /* The backends this build has, fastest first, NULL-terminated. */
 extern const struct evt_backend *const evt_backends[];

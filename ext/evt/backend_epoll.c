@@ -31,7 +31,7 @@ static const char *
 epoll_probe(void)
 {
     int fd = epoll_create1(EPOLL_CLOEXEC);
-    if (fd < 0) return strerror(errno);
+    if (fd < 0) return evt_out_of_descriptors(errno) ? NULL : strerror(errno);
     (void)close(fd);
     return NULL;
 }

@@ -83,7 +83,7 @@ poll_probe(void)
 {
     int fds[2] = {-1, -1};
     int err = wakeup_open(fds);
-    if (err < 0) return strerror(-err);
+    if (err < 0) return evt_out_of_descriptors(-err) ? NULL : strerror(-err);
     wakeup_close(fds[0], fds[1]);
     return NULL;
 }

@@ -86,9 +86,13 @@ static const char *
 uring_probe(void)
 {
     if (probed) return probe_reason;
-    probed = 1;
     struct io_uring ring;
     int err = ring_create(&ring);
+    /* Out of descriptors says nothing about io_uring: not remembered, and opening raises EMFILE.
+     * Another error may pass too (ENOMEM: memlock), so it is not remembered either. */
+    if (evt_out_of_descriptors(-err)) return NULL;
+    if (err < 0 && err != -ENOSYS && err != -EPERM) return strerror(-err);
+    probed = 1;
     if (err == -ENOSYS) return probe_reason = "the kernel has no io_uring, or one older than 5.11";
     if (err == -EPERM)
         return probe_reason = "io_uring is not permitted (kernel.io_uring_disabled, or a seccomp filter)";
@@ -131,6 +135,8 @@ arm_wakeup(struct uring_backend *backend)
 static int
 uring_open(struct evt_loop *loop)
 {
+    /* The features this ring may use (a probe that met EMFILE learnt none of them). */
+    if (uring_probe()) return -ENOSYS;
     struct uring_backend *backend = ALLOC(struct uring_backend);
     int err = ring_create(&backend->ring);
     if (err < 0) {
