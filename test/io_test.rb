@@ -238,6 +238,35 @@ class IOTest < Minitest::Test
     end
   end
 
+  # A write that can go through at once does, on every backend: a fiber suspended in its write holds
+  # Ruby's write lock on the IO, so the root fiber's own write to it raised ThreadError ("deadlock;
+  # lock already owned by another fiber") where io_uring sent every write, and every file write, to
+  # the ring. A log file and a pipe written from fibers and from the thread's own code.
+  def test_fibers_and_the_root_fiber_write_to_the_same_io
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "log")
+      r, w = IO.pipe
+      File.open(path, "w") do |log|
+        log.sync = true
+        Thread.new do
+          Fiber.set_scheduler(Evt::Scheduler.new)
+          Fiber.schedule do
+            log.puts "fiber"
+            w.puts "fiber"
+          end
+          log.puts "root"
+          w.puts "root"
+        end.join
+      end
+      w.close
+      assert_equal "fiber\nroot\n", File.read(path)
+      assert_equal "fiber\nroot\n", r.read
+    ensure
+      r&.close
+      w&.close
+    end
+  end
+
   def test_end_of_file
     evt do
       r, w = IO.pipe
