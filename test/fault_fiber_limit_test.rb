@@ -161,14 +161,19 @@ class FaultFiberLimitTest < Minitest::Test
       end
       report :root_blocking, Fiber.blocking?
       exit!(0) unless Fiber.blocking? # the rest would wait in the loop from the loop's own fiber
-      # The fibers made so far, and a driver that schedules more from inside the loop.
+      # The fibers made so far end and are dropped (CRuby gives a transferred fiber's stack back only
+      # once the Fiber is collected); then a driver schedules more from inside the loop.
       waiting.size.times { queue << :go }
+      Fiber.scheduler.run
+      report :root_fibers_done, waiting.none?(&:alive?)
+      waiting.clear
       Fiber.schedule { schedule_until_full }
       Fiber.set_scheduler(nil) # runs the loop until every fiber is done
       report :finished, waiting.none?(&:alive?)
     RUBY
     assert_equal "FiberError", reported["root_error"]
     assert_equal "1", reported["root_blocking"], "after the FiberError the root fiber no longer counts as blocking"
+    assert_equal "true", reported["root_fibers_done"]
     assert_schedule_until_full(reported)
     assert_equal "true", reported["finished"]
   end

@@ -102,6 +102,9 @@ loop_mark(void *ptr)
     rb_gc_mark_movable(loop->thread);
     rb_gc_mark_movable(loop->requests);
     rb_gc_mark(loop->early_unblock);
+    rb_gc_mark(loop->launcher);
+    rb_gc_mark(loop->launch_caller);
+    rb_gc_mark(loop->launch_error);
     EACH_WAITER(&loop->ready, ready_link, w) rb_gc_mark(w->fiber);
     EACH_WAITER(&loop->operations, io_link, w) rb_gc_mark(w->fiber);
     for (size_t i = 0; i < loop->timers.size; i++) {
@@ -253,6 +256,7 @@ loop_alloc(VALUE klass)
     loop->thread = Qnil;
     loop->requests = Qnil;
     loop->early_unblock = Qnil;
+    loop->launcher = loop->launch_caller = loop->launch_error = Qnil;
     evt_list_append(&evt_loops, &loop->link);
     evt_list_init(&loop->ready);
     evt_list_init(&loop->allocated);
@@ -294,6 +298,7 @@ loop_after_fork(struct evt_loop *loop)
     loop->requests = Qnil; /* the other threads are not in the child */
     loop->has_requests = 0;
     loop->early_unblock = Qnil;
+    loop->launcher = Qnil; /* perhaps another thread's, which the child has not */
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
         if (!reg) continue;
@@ -334,6 +339,7 @@ loop_owned(VALUE self)
             rb_raise(rb_eThreadError, "evt: this scheduler belongs to another thread, where fibers wait in it");
         loop->thread = thread;
         loop->loop_fiber = loop->current = rb_fiber_current();
+        loop->launcher = Qnil; /* a fiber belongs to its thread */
         loop_close_backend(loop); /* reopened by the new thread: a ring may take one submitter only */
     }
     return loop;
@@ -478,12 +484,11 @@ evt_loop_op_done(struct evt_loop *loop, struct evt_op *op, long result)
 /* ---- running ---------------------------------------------------------------------------------- */
 
 /* Switches from the loop fiber to another; control comes back when that fiber waits or ends.
- * `current` is what the loop believes runs; a fiber being started is not known to run until it
- * says so (loop_started), since starting can fail before it does (FiberError: no stack). */
+ * `current` is what the loop believes runs. (A new fiber starts through launch.) */
 static inline void
-switch_to(struct evt_loop *loop, VALUE fiber, int start)
+switch_to(struct evt_loop *loop, VALUE fiber)
 {
-    loop->current = start ? Qnil : fiber;
+    loop->current = fiber;
     rb_fiber_transfer(fiber, 0, NULL);
     loop->current = loop->loop_fiber;
     if (RB_UNLIKELY(loop->early_unblock == fiber)) loop->early_unblock = Qnil; /* it ended without waiting */
@@ -528,7 +533,7 @@ loop_resume_ready(struct evt_loop *loop, struct evt_waiter *until)
             loop->waiting--;
             if (!RTEST(rb_fiber_alive_p(fiber))) continue; /* ended meanwhile (killed) */
         }
-        switch_to(loop, fiber, 0);
+        switch_to(loop, fiber);
     }
     return 0;
 }
@@ -1045,6 +1050,61 @@ fiber_blocking_p(VALUE fiber)
     return RTEST(rb_funcall(fiber, id_blocking_p, 0));
 }
 
+/* ---- starting fibers from the loop fiber ------------------------------------------------------------
+ *
+ * CRuby 3.3 and 3.4 lower the thread's count of blocking fibers as a blocking fiber switches away,
+ * before they make the new fiber's stack; when that fails (FiberError: no memory, vm.max_map_count)
+ * the count stays lowered, and the blocking fiber's own I/O then goes through the scheduler (a hang).
+ * So the loop fiber never makes that first switch itself: a non-blocking launcher fiber does, and
+ * hands a FiberError back. One switch more per fiber scheduled by the thread's own code; fibers
+ * scheduled by fibers are started directly. */
+
+static VALUE
+launcher_switch(VALUE target)
+{
+    return rb_fiber_transfer(target, 0, NULL); /* back here, with the next fiber, at the next launch */
+}
+
+static VALUE
+launcher_failed(VALUE loop_value, VALUE error)
+{
+    struct evt_loop *loop = rb_check_typeddata(loop_value, &loop_type);
+    loop->launch_error = error;
+    return rb_fiber_transfer(loop->launch_caller, 0, NULL);
+}
+
+static VALUE
+launcher_body(RB_BLOCK_CALL_FUNC_ARGLIST(unused, loop_value))
+{
+    struct evt_loop *loop = rb_check_typeddata(loop_value, &loop_type);
+    VALUE target = rb_fiber_transfer(loop->launch_caller, 0, NULL); /* made: wait for the first launch */
+    for (;;) target = rb_rescue2(launcher_switch, target, launcher_failed, loop_value, eFiberError, 0);
+    UNREACHABLE_RETURN(Qnil);
+}
+
+/* Starts fiber from the loop fiber, through the launcher; raises the FiberError of a fiber that
+ * cannot start. Control comes back when the new fiber waits or ends. */
+static void
+launch(struct evt_loop *loop, VALUE fiber)
+{
+    loop->launch_caller = rb_fiber_current();
+    if (NIL_P(loop->launcher)) {
+        VALUE launcher = rb_fiber_new(launcher_body, loop->self);
+        rb_fiber_transfer(launcher, 0, NULL); /* it comes straight back, ready */
+        loop->launcher = launcher;
+    }
+    loop->launch_error = Qnil;
+    /* Not known to run until it says so (loop_started): starting can fail before it does. */
+    loop->current = Qnil;
+    rb_fiber_transfer(loop->launcher, 1, &fiber);
+    loop->current = loop->loop_fiber;
+    loop->launch_caller = Qnil;
+    if (RB_UNLIKELY(loop->early_unblock == fiber)) loop->early_unblock = Qnil; /* it ended without waiting */
+    VALUE error = loop->launch_error;
+    loop->launch_error = Qnil;
+    if (!NIL_P(error)) rb_exc_raise(error);
+}
+
 /*
  * start(fiber) -> fiber
  *
@@ -1057,7 +1117,7 @@ loop_start(VALUE self, VALUE fiber)
     struct evt_loop *loop = evt_loop_get(self);
     VALUE current = rb_fiber_current();
     if (current == loop->loop_fiber) {
-        switch_to(loop, fiber, 1);
+        launch(loop, fiber);
     }
     else {
         struct evt_waiter w;

@@ -98,6 +98,10 @@ struct evt_loop {
     /* An unblock that came for the fiber running right now (`current`), before it reached block:
      * its next block or sleep ends at once; any other wait of it drops the unblock. */
     VALUE early_unblock;
+    /* Starts new fibers for the loop fiber (see launch in loop.c); nil until first needed. */
+    VALUE launcher;
+    VALUE launch_caller;      /* the fiber a launch returns to when the new fiber cannot start */
+    VALUE launch_error;       /* that FiberError */
 };
 
 extern VALUE evt_cLoop;

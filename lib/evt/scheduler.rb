@@ -84,7 +84,7 @@ module Evt
 
         report(error, block)
       end
-      start(fiber)
+      start_collecting(fiber)
     end
 
     if RUBY_VERSION < "3.4"
@@ -173,6 +173,23 @@ module Evt
     end
 
     private
+
+    # Starts +fiber+; with no memory for its stack (FiberError), once more after a garbage collection:
+    # CRuby gives the stack of a fiber that ended back only when the Fiber is collected, and fibers
+    # switched to with transfer, as scheduled ones are, end without a resume that would give it
+    # back at once. A fiber that did start (its own FiberError) is not started again.
+    def start_collecting(fiber)
+      collected = false
+      begin
+        start(fiber)
+      rescue FiberError
+        raise if collected || !fiber.alive?
+
+        collected = true
+        GC.start
+        retry
+      end
+    end
 
     # Waits in the loop until child +pid+ has ended (or is gone); false when the loop has no way to
     # watch a process.

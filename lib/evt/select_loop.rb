@@ -512,6 +512,7 @@ module Evt
 
         @thread = thread
         @loop_fiber = @current = Fiber.current
+        @launcher = nil # a fiber belongs to its thread
       end
       self
     end
@@ -559,6 +560,7 @@ module Evt
       @blocked = false
       @loop_fiber = @current = Fiber.current
       @thread = Thread.current
+      @launcher = nil # another thread's perhaps, which the child has not
     end
 
     def now
@@ -837,8 +839,8 @@ module Evt
 
     # ---- running ----------------------------------------------------------------------------------
 
-    def switch_to(fiber, start: false)
-      @current = start ? nil : fiber
+    def switch_to(fiber)
+      @current = fiber
       # Counted once another thread has unblocked a fiber here (see #unblock).
       @resumes[fiber] = (@resumes[fiber] || 0) + 1 if @resumes
       fiber.transfer
@@ -846,12 +848,40 @@ module Evt
       @current = @loop_fiber
     end
 
+    # Starts +fiber+ from the loop fiber through a non-blocking launcher fiber, which makes the first
+    # switch into it and hands back a FiberError: CRuby 3.3 and 3.4 leave the thread's count of
+    # blocking fibers lowered when a blocking fiber's switch into a new fiber fails (see launch in
+    # loop.c). Control comes back when the new fiber waits or ends.
+    def launch(fiber)
+      @launch_caller = Fiber.current
+      @launcher ||= Fiber.new(blocking: false) do
+        target = @launch_caller.transfer # made: wait for the first launch
+        loop do
+          target = begin
+            target.transfer # back here, with the next fiber, at the next launch
+          rescue FiberError => e
+            @launch_error = e
+            @launch_caller.transfer
+          end
+        end
+      end.tap(&:transfer)
+      @launch_error = nil
+      @current = nil # until the new fiber says it runs (starting it can fail)
+      @launcher.transfer(fiber)
+      error = @launch_error
+      @launch_error = nil
+      raise error if error
+    ensure
+      @current = @loop_fiber
+      @launch_caller = nil
+    end
+
     # Runs a new fiber at once, until it waits or ends.
     def start(fiber)
       get
       current = Fiber.current
       if current == @loop_fiber
-        switch_to(fiber, start: true)
+        launch(fiber)
       else
         suspend(Waiter.new(current), :start, target: fiber)
       end
