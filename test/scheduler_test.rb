@@ -253,27 +253,6 @@ class SchedulerTest < Minitest::Test
     pass # survived collecting the loops and their fibers, in whatever order
   end
 
-  # Where io_uring cannot run, auto-selection skips it and asking for it says why. Needs root and
-  # Linux 6.6's kernel.io_uring_disabled, set only for the moment a new process probes.
-  def test_where_io_uring_cannot_run_it_is_skipped_and_a_request_says_why
-    sysctl = "/proc/sys/kernel/io_uring_disabled"
-    skip "needs a build with io_uring" unless Evt::Loop.backends.include?(:io_uring)
-    skip "needs root and #{sysctl}" unless File.exist?(sysctl) && File.writable?(sysctl)
-
-    saved = File.read(sysctl)
-    script = 'require "evt"; puts Evt::Scheduler.availables.join(","); ' \
-             'begin; Evt::Scheduler.new(backend: :io_uring); rescue ArgumentError => e; puts e.message; end'
-    output = begin
-      File.write(sysctl, "2")
-      IO.popen([RbConfig.ruby, "-I#{File.expand_path("../lib", __dir__)}", "-e", script], &:read)
-    ensure
-      File.write(sysctl, saved)
-    end
-    available, message = output.lines.map(&:chomp)
-    refute_includes available.split(","), "io_uring"
-    assert_match(/backend :io_uring cannot run here \(io_uring is not permitted/, message)
-  end
-
   # A subclass with an initialize of its own, as a library might write.
   def test_a_subclass_takes_its_own_arguments
     subclass = Class.new(Evt::Scheduler) do
