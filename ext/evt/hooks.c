@@ -137,9 +137,9 @@ transfer_by_backend(struct evt_loop *loop, VALUE io, VALUE buffer, struct evt_op
     /* op->orphan: another thread closed the IO and took the buffer this transfer was aimed into
      * from it (evt_io_closing; freed by now): Ruby must not go on with that buffer. */
     if (w.result == EVT_CLOSED || op->orphan) evt_raise_closed();
+    *timed_out = w.result == EVT_TIMED_OUT && op->result <= 0;
     /* Resumed by some other fiber's transfer, not by the loop: leaving, it cancelled its own
      * transfer, which never ran. Nothing happened: try again (as after EINTR). */
-    *timed_out = w.result == EVT_TIMED_OUT && op->result <= 0;
     if (w.result == EVT_SPURIOUS && op->result == -ECANCELED) return -EINTR;
     return op->result;
 }

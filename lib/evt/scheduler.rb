@@ -244,7 +244,7 @@ module Evt
   # | fiber_interrupt(fiber, exception) (4.0) | C (close.c), any thread       |
   # | close                                  | here                           |
   #
-  # On the select backend every "C" above is Ruby, in {SelectLoop}; io_pread and io_pwrite are not
+  # On the pure-Ruby loop every "C" above is Ruby, in {SelectLoop}; io_pread and io_pwrite are not
   # defined there (Ruby does them itself).
   #
   # The `select` backend is select(2) in the C loop where the extension has it (Linux builds); where
