@@ -32,11 +32,6 @@ class FaultResetTest < Minitest::Test
     socket.close
   end
 
-  def settled_descriptors
-    GC.start
-    open_descriptors
-  end
-
   READERS = {
     "read" => ->(s) { s.read(10) },
     "readpartial" => ->(s) { s.readpartial(10) },
@@ -57,7 +52,7 @@ class FaultResetTest < Minitest::Test
     end
     assert_equal [Errno::ECONNRESET], expected.values.uniq
 
-    before = settled_descriptors
+    before = descriptor_table
     outcomes = {}
     evt do
       pairs = READERS.map do |name, read|
@@ -75,7 +70,7 @@ class FaultResetTest < Minitest::Test
       pairs.each { |peer| reset(peer) }
     end
     assert_equal expected, outcomes
-    assert_equal before, settled_descriptors
+    assert_no_descriptor_leaked before
   end
 
   # Waits until the bytes sent to +socket+ have been taken by its reader (none left in the kernel).
@@ -135,7 +130,7 @@ class FaultResetTest < Minitest::Test
     end
     assert_equal [Errno::ECONNRESET, Errno::EPIPE], expected
 
-    before = settled_descriptors
+    before = descriptor_table
     outcomes = []
     other = nil
     evt do
@@ -166,7 +161,7 @@ class FaultResetTest < Minitest::Test
     end
     assert_equal expected, outcomes
     assert_equal "olleh", other
-    assert_equal before, settled_descriptors
+    assert_no_descriptor_leaked before
   end
 
   # A reader and a writer wait on the same socket when the reset arrives. The kernel reports the
@@ -200,7 +195,7 @@ class FaultResetTest < Minitest::Test
   # fiber gets its error, the others are not disturbed, and every descriptor is released.
   def test_many_connections_reset_at_once
     count = 60
-    before = settled_descriptors
+    before = descriptor_table
     outcomes = Array.new(count)
     survivors = []
     evt do
@@ -226,7 +221,7 @@ class FaultResetTest < Minitest::Test
     end
     assert_equal [Errno::ECONNRESET] * count, outcomes
     assert_equal Array.new(5) { |i| format("alive%d", i) }, survivors
-    assert_equal before, settled_descriptors
+    assert_no_descriptor_leaked before
   end
 
   # The reader of a pipe or of a UNIX socket goes away in the middle of a large write: EPIPE, as
@@ -247,7 +242,7 @@ class FaultResetTest < Minitest::Test
     end
     assert_equal [Errno::EPIPE], expected.values.uniq
 
-    before = settled_descriptors
+    before = descriptor_table
     outcomes = {}
     evt do
       makers.each do |name, make|
@@ -266,6 +261,6 @@ class FaultResetTest < Minitest::Test
       end
     end
     assert_equal expected, outcomes
-    assert_equal before, settled_descriptors
+    assert_no_descriptor_leaked before
   end
 end

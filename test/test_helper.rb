@@ -34,6 +34,25 @@ module EvtTest
     Dir.children("/proc/self/fd").size
   end
 
+  # The descriptors open now, once IOs dropped earlier are collected: number => what it refers to
+  # (the directory the listing itself opened is gone by the time it is read, so it is left out).
+  def descriptor_table
+    GC.start
+    Dir.children("/proc/self/fd").filter_map do |fd|
+      [fd, File.readlink("/proc/self/fd/#{fd}")]
+    rescue Errno::ENOENT
+      nil
+    end.to_h
+  end
+
+  # Fails if a descriptor opened since +before+ (a descriptor_table) is still open. Descriptors
+  # closed meanwhile do not count: an IO an earlier test dropped is closed whenever the GC gets to
+  # it, which a conservative stack scan may put off past any one GC.start.
+  def assert_no_descriptor_leaked(before, message = "a descriptor leaked")
+    leaked = descriptor_table.reject { |fd, target| before[fd] == target }
+    assert_empty leaked, message
+  end
+
   def median(values)
     values.sort[values.size / 2]
   end
