@@ -1,12 +1,25 @@
-/* The one interface every backend implements (backend_<mechanism>.c), in the spirit of redis's ae.c:
- * open, close, arm and disarm a descriptor, wait without the GVL, dispatch what arrived, wake up.
+/* The dialect between the core and its backends (backend_<mechanism>.c), in the spirit of redis's ae.c.
  *
- * A backend knows descriptors, events and registrations; it never touches fibers or Ruby objects.
- * The core (loop.c) owns the registrations and the waiters hanging off them. */
+ * A backend knows descriptors, events and its own per-descriptor slot; it never touches fibers or
+ * Ruby objects. The core (waiters.c, loop.c) owns the registrations and the waiters hanging off
+ * them, the array of fired events, and the wakeup descriptor. A backend:
+ *
+ *   open, close    makes and releases its kernel objects (close also runs in a forked child)
+ *   arm, disarm    keeps the kernel watching what a descriptor's waiters want, or nothing
+ *   wait           waits without the GVL; a readiness backend (epoll, poll, select) writes what
+ *                  fired into loop->fired as {descriptor, generation, events} and returns the count;
+ *                  the core dispatches them, with the GVL
+ *   complete       a completion backend (io_uring) instead reports its completions here, with the
+ *                  GVL: evt_loop_io_ready() for polls, evt_loop_op_done() for its own transfers
+ *
+ * Every backend reads the kernel's readiness through evt_events_from_poll(), so every backend
+ * follows one rule for errors and hang-ups (below), and watches loop->wakeup.read_fd, which any
+ * thread writes to end a wait (wakeup.h). */
 #ifndef EVT_BACKEND_H
 #define EVT_BACKEND_H
 
 #include <errno.h>
+#include <poll.h>
 #include <stdint.h>
 
 struct evt_loop;
@@ -21,9 +34,78 @@ enum {
     EVT_EVENTS = EVT_READABLE | EVT_PRIORITY | EVT_WRITABLE,
 };
 
+/* ---- the one translation -------------------------------------------------------------------
+ *
+ * poll(2)'s bits are the common tongue: epoll's EPOLLIN, EPOLLPRI, EPOLLOUT, EPOLLERR, EPOLLHUP and
+ * EPOLLRDHUP have the same values on Linux, io_uring's poll requests take and give them, and the
+ * select backend writes its three sets as POLLIN, POLLOUT and POLLPRI (POLLNVAL for a descriptor
+ * closed behind its back). */
+
+#ifdef POLLRDHUP
+#define EVT_POLLRDHUP POLLRDHUP
+#else
+#define EVT_POLLRDHUP 0
+#endif
+
+/* What to ask the kernel for, for waiters that want `events`. */
+static inline unsigned
+evt_poll_mask(int events)
+{
+    unsigned mask = 0;
+    if (events & EVT_READABLE) mask |= POLLIN | EVT_POLLRDHUP;
+    if (events & EVT_PRIORITY) mask |= POLLPRI;
+    if (events & EVT_WRITABLE) mask |= POLLOUT;
+    return mask;
+}
+
+/* What arrived. The rule for errors and hang-ups, the same on every backend: an error, a hang-up or
+ * a closed descriptor (POLLERR, POLLHUP, POLLNVAL) counts as every event, so each waiter wakes with
+ * what it asked for and meets the error or the end of file in its own call. That is what Ruby does
+ * without a scheduler (thread.c: "all requested events are ready if there is an error"), and a
+ * level-triggered backend would otherwise report the same condition again at once, for ever. */
+static inline int
+evt_events_from_poll(unsigned revents)
+{
+    if (revents & (POLLERR | POLLHUP | POLLNVAL)) return EVT_EVENTS;
+    int events = 0;
+    if (revents & (POLLIN | EVT_POLLRDHUP)) events |= EVT_READABLE;
+    if (revents & POLLPRI) events |= EVT_PRIORITY;
+    if (revents & POLLOUT) events |= EVT_WRITABLE;
+    return events;
+}
+
+/* ---- what passes between them ------------------------------------------------------------------ */
+
+/* One event a readiness backend's wait collected: `generation` is the registration's when it was
+ * armed, so an event for an older file that had the same number is recognised and dropped. */
+struct evt_fired {
+    int fd;
+    uint32_t generation;
+    int events;
+};
+
+/* A backend's own state for one descriptor, kept in the core's registration. The core empties it
+ * (evt_backend_slot_clear) when the kernel objects are made anew, and reads `generation` only, to
+ * know whether a registration is new to the backend (another IO on the number). */
+struct evt_backend_slot {
+    uint32_t generation;  /* set by arm: the registration's generation the kernel watches for; 0: none */
+    int interest;         /* events the kernel was last asked for */
+    int index;            /* a slot in the backend's own table (poll); -1: none */
+    uint32_t serial;      /* which of its requests for the descriptor is current (io_uring) */
+};
+
+static inline void
+evt_backend_slot_clear(struct evt_backend_slot *slot)
+{
+    slot->generation = 0;
+    slot->interest = 0;
+    slot->index = -1;
+}
+
 /* A transfer a backend does itself (io_uring): read into or write from [base, base + size) on fd,
- * at `position` when it is not negative, waiting for the descriptor to be ready if it must. On its own stack of the waiting fiber; the backend calls
- * evt_loop_op_done() when the kernel reports the result, and not after cancel() has returned. */
+ * at `position` when it is not negative, waiting for the descriptor to be ready if it must. Lives on
+ * the stack of the waiting fiber; the backend calls evt_loop_op_done() when the kernel reports the
+ * result, and not after cancel() has returned. */
 enum evt_op_kind {
     EVT_OP_TRANSFER,   /* read or write, as below */
     EVT_OP_WAITID,     /* until child process `fd` (a pid) exits; base: a siginfo_t. -ENOTSUP if unsupported */
@@ -50,40 +132,49 @@ struct evt_backend {
     const char *name;
     /* NULL when this backend can run on this machine, else why not (said once, then remembered). */
     const char *(*probe)(void);
-    /* Creates the kernel objects and sets loop->backend_data. 0, or -errno. */
+    /* Creates the kernel objects and sets loop->backend_data; loop->wakeup is open already. 0, or
+     * -errno. */
     int (*open)(struct evt_loop *loop);
     /* Releases them. Also called in a forked child, for the copies it inherited. */
     void (*close)(struct evt_loop *loop);
-    /* The kernel must report reg->events on fd (and errors), tagged with reg->generation.
-     * Called whenever reg->events changes and is not empty. 0, or -errno; -EPERM means fd
-     * cannot be polled (a regular file) and counts as always ready. */
+    /* The kernel must report reg->events on fd, tagged with reg->generation. Called when a waiter
+     * comes and reg->events grew or the registration is new to the backend (another IO on the
+     * number, new kernel objects); also when it shrank but is not empty. 0, or -errno; -EPERM means
+     * fd cannot be polled (a regular file) and counts as always ready. */
     int (*arm)(struct evt_loop *loop, int fd, struct evt_registration *reg);
     /* Nobody waits on fd any more (reg->events is 0). */
     void (*disarm)(struct evt_loop *loop, int fd, struct evt_registration *reg);
-    /* Waits up to timeout_ns (-1: no limit) and collects what arrived. Runs without the GVL:
-     * it must touch no Ruby object. Returns the number of events, or -errno. */
+    /* Waits up to timeout_ns (-1: no limit; 0: only a look) without the GVL: it must touch no Ruby
+     * object. Writes at most loop->fired_capacity events into loop->fired (a level-triggered backend
+     * reports the rest on the next wait, an edge-triggered one leaves them queued in the kernel) and
+     * returns how many, or -errno. Reading the wakeup descriptor readable, it drains it
+     * (evt_wakeup_drain) and reports nothing for it. */
     int (*wait)(struct evt_loop *loop, int64_t timeout_ns);
-    /* With the GVL: hands each collected event to evt_loop_io_ready(). */
-    void (*dispatch)(struct evt_loop *loop);
-    /* Ends a wait in progress. Any thread, async-signal-safe. */
-    void (*wakeup)(struct evt_loop *loop);
 
+    /* Optional, for a completion backend: with the GVL, after each wait, reports the completions
+     * the kernel has (evt_loop_io_ready, evt_loop_op_done). */
+    void (*complete)(struct evt_loop *loop);
     /* Optional: transfers done by the backend. Submits op: 0, or -errno when it cannot (the core
      * then does the transfer itself). */
     int (*transfer)(struct evt_loop *loop, struct evt_op *op);
     /* Stops a pending op and returns once its completion is reaped: the kernel is done with the
-     * memory. May dispatch other completions meanwhile. */
+     * memory. May report other completions meanwhile. */
     void (*cancel)(struct evt_loop *loop, struct evt_op *op);
 
     /* Optional: fd is about to be closed on the loop's thread and nobody waits on it any more:
-     * whatever the kernel still holds for it (a poll in flight) goes before this
-     * returns, so the file is released by the close itself. */
+     * whatever the kernel still holds for it (a poll in flight) goes before this returns, so the
+     * file is released by the close itself. */
     void (*release)(struct evt_loop *loop, int fd, struct evt_registration *reg);
     /* Optional: another thread (holding the GVL) is about to close fd, which the loop's fibers
      * wait on. No request naming the descriptor may reach the kernel after the close: the number
      * could belong to another file by then. The loop's thread may be waiting in the kernel. */
     void (*closed_elsewhere)(struct evt_loop *loop, int fd);
 };
+
+/* Called by a completion backend for each readiness it learns (EVT_* bits, by evt_events_from_poll). */
+void evt_loop_io_ready(struct evt_loop *loop, int fd, uint32_t generation, int events);
+/* Called by a backend when a transfer it does (struct evt_op) completed with `result`. */
+void evt_loop_op_done(struct evt_loop *loop, struct evt_op *op, long result);
 
 /* Whether a failure to make a kernel object says nothing about the mechanism: the process or the
  * system is out of descriptors for now. A probe that meets one reports the backend available (it is),

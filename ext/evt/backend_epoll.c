@@ -4,27 +4,30 @@
  * waits: a wait after EAGAIN costs no epoll_ctl. The core only waits after a transfer failed with
  * EAGAIN or poll(2) found the descriptor not ready, so the next readiness is always a new edge.
  * The registration's generation rides in the event data: events for an older file that had the
- * same number (still open elsewhere, say in a forked child) are recognised and ignored. */
+ * same number (still open elsewhere, say in a forked child) are recognised and ignored. A wait hands
+ * what fired to the core (loop->fired), which dispatches. */
 #include "loop.h"
 
 #ifdef HAVE_SYS_EPOLL_H
 
 #include <errno.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
+/* Readiness travels as poll(2) bits (backend.h): epoll's have the same values. */
+_Static_assert(EPOLLIN == POLLIN && EPOLLPRI == POLLPRI && EPOLLOUT == POLLOUT && EPOLLERR == POLLERR &&
+                   EPOLLHUP == POLLHUP && EPOLLRDHUP == POLLRDHUP,
+               "epoll's event bits are poll's");
+
 #define WAKEUP_TAG UINT64_MAX
-#define MAX_EVENTS 8192
 
 struct epoll_backend {
     int epfd;
-    int wakeup_fd;      /* eventfd: written to end a wait from another thread or a signal */
-    int count;          /* events collected by the last wait */
-    int capacity;
-    struct epoll_event *events;
+    int capacity;                 /* of events: grows to the core's fired capacity */
+    struct epoll_event *events;   /* malloc'd: grown inside wait, without the GVL */
 };
 
 static const char *
@@ -41,25 +44,17 @@ epoll_open(struct evt_loop *loop)
 {
     int epfd = epoll_create1(EPOLL_CLOEXEC);
     if (epfd < 0) return -errno;
-    int wakeup_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (wakeup_fd < 0) {
-        int err = errno;
-        (void)close(epfd);
-        return -err;
-    }
     struct epoll_event event = {.events = EPOLLIN, .data.u64 = WAKEUP_TAG};
-    if (epoll_ctl(epfd, EPOLL_CTL_ADD, wakeup_fd, &event) < 0) {
-        int err = errno;
-        (void)close(wakeup_fd);
+    struct epoll_backend *backend = malloc(sizeof(*backend));
+    if (!backend || epoll_ctl(epfd, EPOLL_CTL_ADD, loop->wakeup.read_fd, &event) < 0) {
+        int err = backend ? errno : ENOMEM;
+        free(backend);
         (void)close(epfd);
         return -err;
     }
-    struct epoll_backend *backend = ALLOC(struct epoll_backend);
     backend->epfd = epfd;
-    backend->wakeup_fd = wakeup_fd;
-    backend->count = 0;
-    backend->capacity = 256;
-    backend->events = ALLOC_N(struct epoll_event, backend->capacity);
+    backend->capacity = 0;
+    backend->events = NULL;
     loop->backend_data = backend;
     return 0;
 }
@@ -68,41 +63,31 @@ static void
 epoll_close(struct evt_loop *loop)
 {
     struct epoll_backend *backend = loop->backend_data;
-    /* close(2) errors leave nothing to do: the descriptor is released either way. */
-    (void)close(backend->wakeup_fd);
-    (void)close(backend->epfd);
-    ruby_xfree(backend->events);
-    ruby_xfree(backend);
-}
-
-static uint32_t
-epoll_events(int events)
-{
-    uint32_t result = EPOLLET;
-    if (events & EVT_READABLE) result |= EPOLLIN | EPOLLRDHUP;
-    if (events & EVT_PRIORITY) result |= EPOLLPRI;
-    if (events & EVT_WRITABLE) result |= EPOLLOUT;
-    return result;
+    (void)close(backend->epfd); /* released whatever close(2) says */
+    free(backend->events);
+    free(backend);
 }
 
 static int
 epoll_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
     struct epoll_backend *backend = loop->backend_data;
-    if (reg->trusted && !(reg->events & ~reg->interest)) return 0; /* already watched: the usual case */
-    int interest = reg->trusted ? reg->interest | reg->events : reg->events;
+    struct evt_backend_slot *slot = &reg->slot;
+    int known = slot->generation == reg->generation;
+    if (known && !(reg->events & ~slot->interest)) return 0; /* already watched: the usual case */
+    int interest = known ? slot->interest | reg->events : reg->events;
     struct epoll_event event = {
-        .events = epoll_events(interest),
+        .events = evt_poll_mask(interest) | EPOLLET,
         .data.u64 = ((uint64_t)reg->generation << 32) | (uint32_t)fd,
     };
     /* A registration may survive from an earlier IO with this number, or be gone with its file. */
-    int op = reg->interest ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+    int op = slot->interest ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
     int result = epoll_ctl(backend->epfd, op, fd, &event);
     if (result < 0 && op == EPOLL_CTL_MOD && errno == ENOENT) result = epoll_ctl(backend->epfd, EPOLL_CTL_ADD, fd, &event);
     else if (result < 0 && op == EPOLL_CTL_ADD && errno == EEXIST) result = epoll_ctl(backend->epfd, EPOLL_CTL_MOD, fd, &event);
     if (result < 0) return -errno;
-    reg->interest = interest;
-    reg->trusted = 1;
+    slot->interest = interest;
+    slot->generation = reg->generation;
     return 0;
 }
 
@@ -119,6 +104,15 @@ static int
 epoll_wait_events(struct evt_loop *loop, int64_t timeout_ns)
 {
     struct epoll_backend *backend = loop->backend_data;
+    if (backend->capacity < loop->fired_capacity) {
+        /* The core's array grew: so does ours (a failure keeps the smaller one). */
+        struct epoll_event *events = realloc(backend->events, (size_t)loop->fired_capacity * sizeof(*events));
+        if (events) {
+            backend->events = events;
+            backend->capacity = loop->fired_capacity;
+        }
+        else if (!backend->capacity) return -ENOMEM;
+    }
     int n;
 #ifdef HAVE_EPOLL_PWAIT2
     static int pwait2_missing; /* kernels before 5.11 */
@@ -137,48 +131,21 @@ epoll_wait_events(struct evt_loop *loop, int64_t timeout_ns)
 #ifdef HAVE_EPOLL_PWAIT2
 done:
 #endif
-    if (n < 0) {
-        if (errno != EINTR) return -errno;
-        n = 0;
-    }
-    backend->count = n;
-    return n;
-}
-
-static void
-epoll_dispatch(struct evt_loop *loop)
-{
-    struct epoll_backend *backend = loop->backend_data;
-    int count = backend->count;
-    backend->count = 0;
-    for (int i = 0; i < count; i++) {
+    if (n < 0) return errno == EINTR ? 0 : -errno;
+    int fired = 0;
+    for (int i = 0; i < n; i++) {
         struct epoll_event *event = &backend->events[i];
         if (event->data.u64 == WAKEUP_TAG) {
-            uint64_t value;
-            /* EAGAIN: another wakeup already drained it. */
-            (void)!read(backend->wakeup_fd, &value, sizeof(value));
+            evt_wakeup_drain(&loop->wakeup);
             continue;
         }
-        int events = 0;
-        if (event->events & (EPOLLIN | EPOLLRDHUP)) events |= EVT_READABLE;
-        if (event->events & EPOLLPRI) events |= EVT_PRIORITY;
-        if (event->events & EPOLLOUT) events |= EVT_WRITABLE;
-        if (event->events & (EPOLLERR | EPOLLHUP)) events |= EVT_READABLE | EVT_WRITABLE;
-        evt_loop_io_ready(loop, (int)(uint32_t)event->data.u64, (uint32_t)(event->data.u64 >> 32), events);
+        loop->fired[fired++] = (struct evt_fired){
+            .fd = (int)(uint32_t)event->data.u64,
+            .generation = (uint32_t)(event->data.u64 >> 32),
+            .events = evt_events_from_poll(event->events),
+        };
     }
-    if (count == backend->capacity && backend->capacity < MAX_EVENTS) {
-        backend->capacity *= 2;
-        REALLOC_N(backend->events, struct epoll_event, backend->capacity);
-    }
-}
-
-static void
-epoll_wakeup(struct evt_loop *loop)
-{
-    struct epoll_backend *backend = loop->backend_data;
-    uint64_t one = 1;
-    /* EAGAIN means the counter is already non-zero: the wait ends anyway. */
-    (void)!write(backend->wakeup_fd, &one, sizeof(one));
+    return fired;
 }
 
 const struct evt_backend evt_backend_epoll = {
@@ -189,8 +156,6 @@ const struct evt_backend evt_backend_epoll = {
     .arm = epoll_arm,
     .disarm = epoll_disarm,
     .wait = epoll_wait_events,
-    .dispatch = epoll_dispatch,
-    .wakeup = epoll_wakeup,
 };
 
 #endif

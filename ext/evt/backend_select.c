@@ -12,19 +12,18 @@
  * select(2) is level-triggered, like poll(2). It has no POLLERR, POLLHUP or POLLNVAL: an error or
  * hang-up shows as readable (and an error as writable) in the sets the descriptor is in, and a
  * descriptor closed behind the loop's back fails the whole call with EBADF; wait() then finds the
- * closed ones and reports every event on them, as the poll backend does for POLLNVAL, so their
- * waiters meet EBADF themselves and stop waiting. The except set is POLLPRI only: a wait for
- * IO::PRIORITY alone is not woken by a hang-up. */
+ * closed ones and reports them as POLLNVAL (every event, by backend.h's rule), so their waiters meet
+ * EBADF themselves and stop waiting. The sets read as POLLIN, POLLOUT and POLLPRI; the except set is
+ * POLLPRI only, so a wait for IO::PRIORITY alone is not woken by a hang-up here. */
 #include "loop.h"
 
-#if defined(__linux__) && defined(HAVE_SYS_SELECT_H) && defined(HAVE_SYS_EVENTFD_H)
+#if defined(__linux__) && defined(HAVE_SYS_SELECT_H)
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/select.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -39,22 +38,13 @@ typedef unsigned long select_word;
 #define BIT_TEST(set, fd) (((set)[WORD_OF(fd)] & BIT_OF(fd)) != 0)
 
 #define INITIAL_WORDS (1024 / WORD_BITS)
-#define INITIAL_READY 64
 /* select(2) again after EBADF, at most: each time, a descriptor closed since the last look. */
 #define MAX_ATTEMPTS 8
 
 enum { SET_READ, SET_WRITE, SET_EXCEPT, SETS };
 
-/* An event collected by wait(), for dispatch(). */
-struct select_ready {
-    int fd;
-    uint32_t generation;
-    int events;
-};
-
 struct select_backend {
-    int wakeup_fd;                    /* eventfd, always in the read set: written to end a wait */
-    int woken;                        /* the last wait saw it readable */
+    int wakeup_fd;                    /* the core's, always in the read set */
     int nfds;                         /* highest descriptor in the interest sets, plus one */
     int armed;                        /* registrations with a bit in the interest sets */
     size_t words;                     /* of each set: room for descriptors below words * WORD_BITS */
@@ -62,15 +52,12 @@ struct select_backend {
     select_word *interest[SETS];      /* kept by arm and disarm */
     select_word *result[SETS];        /* copies of interest[] handed to select, which overwrites them */
     struct evt_registration **regs;   /* by descriptor (words * WORD_BITS): the armed registration */
-    int ready_capacity;               /* >= armed: a wait collects one entry per armed descriptor */
-    int ready_count;
-    struct select_ready *ready;
 };
 
 static const char *
 select_probe(void)
 {
-    return NULL; /* select(2) and eventfd(2) are always there on Linux */
+    return NULL; /* select(2) is always there on Linux */
 }
 
 static void
@@ -108,24 +95,11 @@ select_grow_sets(struct select_backend *backend, int fd)
     return 0;
 }
 
-static int
-select_grow_ready(struct select_backend *backend)
-{
-    if (backend->ready_capacity > INT_MAX / 2) return -ENOMEM;
-    int capacity = backend->ready_capacity * 2;
-    struct select_ready *ready = realloc(backend->ready, (size_t)capacity * sizeof(*ready));
-    if (!ready) return -ENOMEM;
-    backend->ready = ready;
-    backend->ready_capacity = capacity;
-    return 0;
-}
-
 static void
 select_free(struct select_backend *backend)
 {
     free(backend->bits);
     free(backend->regs);
-    free(backend->ready);
     free(backend);
 }
 
@@ -134,20 +108,12 @@ select_open(struct evt_loop *loop)
 {
     struct select_backend *backend = calloc(1, sizeof(*backend));
     if (!backend) return -ENOMEM;
-    backend->wakeup_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (backend->wakeup_fd < 0) {
-        int err = errno;
-        free(backend);
-        return -err;
-    }
+    backend->wakeup_fd = loop->wakeup.read_fd;
     backend->words = INITIAL_WORDS;
     while (backend->words * WORD_BITS <= (size_t)backend->wakeup_fd) backend->words *= 2;
     backend->bits = calloc(backend->words * 2 * SETS, sizeof(*backend->bits));
     backend->regs = calloc(backend->words * WORD_BITS, sizeof(*backend->regs));
-    backend->ready_capacity = INITIAL_READY;
-    backend->ready = malloc(INITIAL_READY * sizeof(*backend->ready));
-    if (!backend->bits || !backend->regs || !backend->ready) {
-        (void)close(backend->wakeup_fd);
+    if (!backend->bits || !backend->regs) {
         select_free(backend);
         return -ENOMEM;
     }
@@ -158,41 +124,34 @@ select_open(struct evt_loop *loop)
     return 0;
 }
 
-/* Also in a forked child, for the copies it inherited: closing its eventfd leaves the parent's be. */
 static void
 select_close(struct evt_loop *loop)
 {
-    struct select_backend *backend = loop->backend_data;
-    /* close(2) errors leave nothing to do: the descriptor is released either way. */
-    (void)close(backend->wakeup_fd);
-    select_free(backend);
+    select_free(loop->backend_data);
 }
 
 static int
 select_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
     struct select_backend *backend = loop->backend_data;
-    if (!reg->trusted) {
+    struct evt_backend_slot *slot = &reg->slot;
+    if (slot->generation != reg->generation) {
         /* Once per IO on the descriptor. select(2) calls files always ready where epoll refuses
          * them with EPERM; say so as epoll and poll do, so that every backend wakes their waiters
          * alike. (fstat also fails with EBADF for a descriptor that is not open.) */
         struct stat st;
         if (fstat(fd, &st) < 0) return -errno;
         if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) || S_ISBLK(st.st_mode)) return -EPERM;
-        reg->trusted = 1;
+        slot->generation = reg->generation;
     }
     if ((size_t)fd >= backend->words * WORD_BITS) {
         int err = select_grow_sets(backend, fd);
         if (err < 0) return err;
     }
-    if (reg->index < 0) {
-        if (backend->armed == backend->ready_capacity) {
-            int err = select_grow_ready(backend);
-            if (err < 0) return err;
-        }
+    if (slot->index < 0) {
         backend->armed++;
         backend->regs[fd] = reg;
-        reg->index = fd; /* armed */
+        slot->index = fd; /* armed */
     }
     static const int events[SETS] = {EVT_READABLE, EVT_WRITABLE, EVT_PRIORITY};
     for (int s = 0; s < SETS; s++) {
@@ -200,20 +159,21 @@ select_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
         else BIT_CLEAR(backend->interest[s], fd);
     }
     if (fd >= backend->nfds) backend->nfds = fd + 1;
-    reg->interest = reg->events;
+    slot->interest = reg->events;
     return 0;
 }
 
 static void
 select_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
-    if (reg->index < 0) return; /* never armed (a file), or the backend was closed since */
+    struct evt_backend_slot *slot = &reg->slot;
+    if (slot->index < 0) return; /* never armed (a file), or the backend was closed since */
     struct select_backend *backend = loop->backend_data;
     for (int s = 0; s < SETS; s++) BIT_CLEAR(backend->interest[s], fd);
     backend->regs[fd] = NULL;
     backend->armed--;
-    reg->index = -1;
-    reg->interest = 0;
+    slot->index = -1;
+    slot->interest = 0;
     if (fd + 1 == backend->nfds) {
         /* The highest one left: the wakeup descriptor's bit stays set, so the search ends. */
         size_t i = WORD_OF(fd);
@@ -229,10 +189,10 @@ select_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 }
 
 /* After EBADF: collects the descriptors in the interest sets that are not open any more (closed
- * without IO#close, or by another thread), with every event, into backend->ready. Their count, or
- * -1 when the wakeup descriptor itself was closed behind our back. Without the GVL. */
+ * without IO#close, or by another thread) into loop->fired, as POLLNVAL (every event). Their count,
+ * or -1 when the wakeup descriptor itself was closed behind our back. Without the GVL. */
 static int
-select_find_closed(struct select_backend *backend, size_t words)
+select_find_closed(struct evt_loop *loop, struct select_backend *backend, size_t words)
 {
     int found = 0;
     for (size_t i = 0; i < words; i++) {
@@ -242,32 +202,32 @@ select_find_closed(struct select_backend *backend, size_t words)
             any &= any - 1;
             if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
             if (fd == backend->wakeup_fd) return -1;
-            backend->ready[found++] = (struct select_ready){
+            if (found == loop->fired_capacity) continue; /* reported by a later wait */
+            loop->fired[found++] = (struct evt_fired){
                 .fd = fd,
                 .generation = backend->regs[fd]->generation,
-                .events = EVT_EVENTS,
+                .events = evt_events_from_poll(POLLNVAL),
             };
         }
     }
     return found;
 }
 
+/* Level-triggered: what does not fit in loop->fired this time is reported again by the next wait. */
 static int
 select_wait(struct evt_loop *loop, int64_t timeout_ns)
 {
     struct select_backend *backend = loop->backend_data;
-    backend->ready_count = 0;
-    backend->woken = 0;
     int nfds = backend->nfds;
     size_t words = WORD_OF(nfds - 1) + 1;
     struct timespec ts = {(time_t)(timeout_ns / 1000000000), (long)(timeout_ns % 1000000000)};
     struct timespec zero = {0, 0};
-    int closed = 0; /* entries of descriptors found closed, at the start of backend->ready */
+    int closed = 0; /* entries of descriptors found closed, at the start of loop->fired */
     int n = -1;
     for (int attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
         for (int s = 0; s < SETS; s++) memcpy(backend->result[s], backend->interest[s], words * sizeof(select_word));
         for (int i = 0; i < closed; i++)
-            for (int s = 0; s < SETS; s++) BIT_CLEAR(backend->result[s], backend->ready[i].fd);
+            for (int s = 0; s < SETS; s++) BIT_CLEAR(backend->result[s], loop->fired[i].fd);
         /* With closed descriptors to report, only a look at the others. */
         const struct timespec *timeout = closed ? &zero : timeout_ns < 0 ? NULL : &ts;
         n = pselect(nfds, (fd_set *)backend->result[SET_READ], (fd_set *)backend->result[SET_WRITE],
@@ -277,11 +237,11 @@ select_wait(struct evt_loop *loop, int64_t timeout_ns)
         if (err == EINTR) break; /* the loop checks interrupts; the sets say nothing */
         if (err != EBADF) return -err;
         /* Found afresh each time: every descriptor closed by now, those of earlier attempts too. */
-        closed = select_find_closed(backend, words);
-        if (closed < 0) return -EBADF; /* our own eventfd: no wait can work any more */
+        closed = select_find_closed(loop, backend, words);
+        if (closed < 0) return -EBADF; /* the wakeup descriptor: no wait can work any more */
         /* None found: the number was opened again meanwhile, and a new select sees that file. */
     }
-    int ready = closed;
+    int fired = closed;
     if (n > 0) {
         /* n counts the bits set in all three sets. */
         for (size_t i = 0; i < words && n > 0; i++) {
@@ -293,51 +253,20 @@ select_wait(struct evt_loop *loop, int64_t timeout_ns)
                 int fd = (int)(i * WORD_BITS + (size_t)__builtin_ctzl(any));
                 any &= any - 1;
                 if (fd == backend->wakeup_fd) {
-                    backend->woken = 1;
+                    evt_wakeup_drain(&loop->wakeup);
                     continue;
                 }
-                int events = 0;
-                if (r & bit) events |= EVT_READABLE;
-                if (w & bit) events |= EVT_WRITABLE;
-                if (e & bit) events |= EVT_PRIORITY;
-                backend->ready[ready++] = (struct select_ready){
+                if (fired == loop->fired_capacity) continue;
+                unsigned revents = (r & bit ? POLLIN : 0) | (w & bit ? POLLOUT : 0) | (e & bit ? POLLPRI : 0);
+                loop->fired[fired++] = (struct evt_fired){
                     .fd = fd,
                     .generation = backend->regs[fd]->generation,
-                    .events = events,
+                    .events = evt_events_from_poll(revents),
                 };
             }
         }
     }
-    backend->ready_count = ready;
-    return ready + backend->woken;
-}
-
-static void
-select_dispatch(struct evt_loop *loop)
-{
-    struct select_backend *backend = loop->backend_data;
-    int count = backend->ready_count;
-    backend->ready_count = 0;
-    if (backend->woken) {
-        backend->woken = 0;
-        uint64_t value;
-        /* EAGAIN: another wakeup already drained it. */
-        (void)!read(backend->wakeup_fd, &value, sizeof(value));
-    }
-    /* Copied by wait: dispatching disarms, which changes the sets but not these entries. */
-    for (int i = 0; i < count; i++) {
-        struct select_ready entry = backend->ready[i];
-        evt_loop_io_ready(loop, entry.fd, entry.generation, entry.events);
-    }
-}
-
-static void
-select_wakeup(struct evt_loop *loop)
-{
-    struct select_backend *backend = loop->backend_data;
-    uint64_t one = 1;
-    /* EAGAIN means the counter is already non-zero: the wait ends anyway. */
-    (void)!write(backend->wakeup_fd, &one, sizeof(one));
+    return fired;
 }
 
 const struct evt_backend evt_backend_select = {
@@ -348,8 +277,6 @@ const struct evt_backend evt_backend_select = {
     .arm = select_arm,
     .disarm = select_disarm,
     .wait = select_wait,
-    .dispatch = select_dispatch,
-    .wakeup = select_wakeup,
 };
 
 #endif

@@ -3,8 +3,10 @@
  * Everything goes through one ring, and the ring goes to the kernel once per loop iteration:
  * requests queue up in the submission queue while fibers run and are submitted together with the
  * wait (io_uring_submit_and_wait_timeout). Transfers that may wait are done by the ring itself
- * (recv, send, read, write into the caller's memory, the kernel polling for readiness); readiness (io_wait, io_select) is a one-shot poll request
- * per descriptor; another thread ends a wait by writing to an eventfd the ring is reading.
+ * (recv, send, read, write into the caller's memory, the kernel polling for readiness); readiness
+ * (io_wait, io_select) is a one-shot poll request per descriptor; another thread ends a wait by
+ * writing to the core's wakeup descriptor, which the ring is reading. A completion backend: wait
+ * fires nothing itself, complete() reports what the ring has.
  *
  * Features are probed at run time, never taken from liburing's headers: the kernel may be older
  * or newer than the library. */
@@ -16,7 +18,6 @@
 #include <poll.h>
 #include <sched.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,8 +35,8 @@ enum { TAG_OP = 0, TAG_POLL = 1, TAG_WAKEUP = 2, TAG_IGNORE = 3, TAG_MASK = 3 };
 
 struct uring_backend {
     struct io_uring ring;
-    int wakeup_fd;
-    uint64_t wakeup_value; /* the eventfd read lands here */
+    int wakeup_fd;         /* the core's (loop->wakeup) */
+    uint64_t wakeup_value; /* its read lands here */
 };
 
 static uint64_t
@@ -143,13 +144,7 @@ uring_open(struct evt_loop *loop)
         ruby_xfree(backend);
         return err;
     }
-    backend->wakeup_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (backend->wakeup_fd < 0) {
-        err = -errno;
-        io_uring_queue_exit(&backend->ring);
-        ruby_xfree(backend);
-        return err;
-    }
+    backend->wakeup_fd = loop->wakeup.read_fd;
     loop->backend_data = backend;
     arm_wakeup(backend);
     return 0;
@@ -162,27 +157,16 @@ uring_close(struct evt_loop *loop)
     /* Closing the ring cancels what is still in it; in a forked child it only drops the child's
      * mappings and descriptor: the parent's ring is untouched. */
     io_uring_queue_exit(&backend->ring);
-    (void)close(backend->wakeup_fd);
     ruby_xfree(backend);
-}
-
-static unsigned
-poll_mask(int events)
-{
-    unsigned mask = 0;
-    if (events & EVT_READABLE) mask |= POLLIN | POLLRDHUP;
-    if (events & EVT_PRIORITY) mask |= POLLPRI;
-    if (events & EVT_WRITABLE) mask |= POLLOUT;
-    return mask;
 }
 
 static void
 poll_remove(struct uring_backend *backend, int fd, struct evt_registration *reg)
 {
     struct io_uring_sqe *sqe = next_sqe(backend);
-    io_uring_prep_poll_remove(sqe, poll_data(fd, reg->serial));
+    io_uring_prep_poll_remove(sqe, poll_data(fd, reg->slot.serial));
     io_uring_sqe_set_data64(sqe, TAG_IGNORE);
-    reg->interest = 0;
+    reg->slot.interest = 0;
 }
 
 /* One-shot polls: a request per wait, submitted with the next wait, no system call of its own. */
@@ -190,13 +174,15 @@ static int
 uring_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
     struct uring_backend *backend = loop->backend_data;
-    if (reg->interest && reg->trusted && !(reg->events & ~reg->interest)) return 0; /* one in flight covers it */
-    if (reg->interest) poll_remove(backend, fd, reg); /* for fewer events, or for the file this number had */
+    struct evt_backend_slot *slot = &reg->slot;
+    if (slot->interest && slot->generation == reg->generation && !(reg->events & ~slot->interest))
+        return 0; /* one in flight covers it */
+    if (slot->interest) poll_remove(backend, fd, reg); /* for fewer events, or for the file this number had */
     struct io_uring_sqe *sqe = next_sqe(backend);
-    io_uring_prep_poll_add(sqe, fd, poll_mask(reg->events));
-    io_uring_sqe_set_data64(sqe, poll_data(fd, ++reg->serial));
-    reg->interest = reg->events;
-    reg->trusted = 1;
+    io_uring_prep_poll_add(sqe, fd, evt_poll_mask(reg->events));
+    io_uring_sqe_set_data64(sqe, poll_data(fd, ++slot->serial));
+    slot->interest = reg->events;
+    slot->generation = reg->generation;
     return 0;
 }
 
@@ -204,7 +190,7 @@ static void
 uring_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
     /* A poll in flight keeps the file open in the kernel: take it back. */
-    if (reg->interest) poll_remove(loop->backend_data, fd, reg);
+    if (reg->slot.interest) poll_remove(loop->backend_data, fd, reg);
 }
 
 static int
@@ -221,7 +207,7 @@ uring_wait(struct evt_loop *loop, int64_t timeout_ns)
         r = io_uring_submit_and_wait_timeout(&backend->ring, &cqe, 1, timeout_ns < 0 ? NULL : &ts, NULL);
     }
     if (r < 0 && r != -ETIME && r != -EINTR && r != -EBUSY && r != -EAGAIN) return r;
-    return (int)io_uring_cq_ready(&backend->ring) + 1; /* dispatch whatever is there */
+    return 0; /* nothing fired: complete() reports what the ring has */
 }
 
 static void
@@ -231,18 +217,11 @@ poll_done(struct evt_loop *loop, struct uring_backend *backend, uint64_t data, i
     uint32_t serial = (uint32_t)(data >> 34);
     if (fd >= loop->registrations_size || !loop->registrations[fd]) return;
     struct evt_registration *reg = loop->registrations[fd];
-    if ((reg->serial & 0x3fffffff) != serial || !reg->interest) return; /* removed or replaced */
-    reg->interest = 0; /* one-shot: nothing in flight now */
-    int events = 0;
-    if (res < 0) events = EVT_READABLE | EVT_WRITABLE; /* let the waiters meet the error */
-    else {
-        if (res & (POLLIN | POLLRDHUP)) events |= EVT_READABLE;
-        if (res & POLLPRI) events |= EVT_PRIORITY;
-        if (res & POLLOUT) events |= EVT_WRITABLE;
-        if (res & (POLLERR | POLLHUP | POLLNVAL)) events |= EVT_READABLE | EVT_WRITABLE;
-    }
-    evt_loop_io_ready(loop, fd, reg->generation, events);
-    if (reg->events && !reg->interest) uring_arm(loop, fd, reg); /* waiters for other events remain */
+    if ((reg->slot.serial & 0x3fffffff) != serial || !reg->slot.interest) return; /* removed or replaced */
+    reg->slot.interest = 0; /* one-shot: nothing in flight now */
+    /* A failed poll (-EBADF) counts as POLLNVAL: the waiters meet the error themselves. */
+    evt_loop_io_ready(loop, fd, reg->generation, evt_events_from_poll(res < 0 ? POLLNVAL : (unsigned)res));
+    if (reg->events && !reg->slot.interest) uring_arm(loop, fd, reg); /* waiters for other events remain */
 }
 
 static void
@@ -274,17 +253,9 @@ dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
 }
 
 static void
-uring_dispatch(struct evt_loop *loop)
+uring_complete(struct evt_loop *loop)
 {
     dispatch_completions(loop, loop->backend_data);
-}
-
-static void
-uring_wakeup(struct evt_loop *loop)
-{
-    struct uring_backend *backend = loop->backend_data;
-    uint64_t one = 1;
-    (void)!write(backend->wakeup_fd, &one, sizeof(one)); /* EAGAIN: a wakeup is pending anyway */
 }
 
 /* waitid(P_PID, pid, info, WEXITED | WNOWAIT) in the ring: the child stays to be reaped by Ruby,
@@ -438,8 +409,7 @@ const struct evt_backend evt_backend_uring = {
     .arm = uring_arm,
     .disarm = uring_disarm,
     .wait = uring_wait,
-    .dispatch = uring_dispatch,
-    .wakeup = uring_wakeup,
+    .complete = uring_complete,
     .transfer = uring_transfer,
     .cancel = uring_cancel,
     .release = uring_release,

@@ -29,14 +29,17 @@ end
 
 $CFLAGS << " -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -fvisibility=hidden"
 
+# The wakeup descriptor every backend watches: an eventfd (Linux), else a self-pipe.
+have_header("sys/eventfd.h")
+
 # epoll (Linux): the backend and its nanosecond wait (kernel 5.11, glibc 2.35).
-if have_header("sys/epoll.h") && have_header("sys/eventfd.h")
+if have_header("sys/epoll.h")
   have_func("epoll_pwait2", "sys/epoll.h")
 end
 
 # poll (POSIX): the portable backend, with ppoll's nanosecond wait where there is one (Linux, the
-# BSDs; glibc declares it under _GNU_SOURCE, which ruby.h defines), and a self-pipe made with pipe2
-# where there is no eventfd.
+# BSDs; glibc declares it under _GNU_SOURCE, which ruby.h defines), and pipe2 for the self-pipe where
+# there is no eventfd.
 have_func("ppoll", "poll.h")
 have_func("pipe2", "unistd.h")
 

@@ -179,10 +179,13 @@ loop_close_backend(struct evt_loop *loop)
     while (loop->kernel_ops && loop->forks == evt_forks && (op = pending_op(loop))) loop->backend->cancel(loop, op);
     loop->backend->close(loop);
     loop->backend_data = NULL;
+    evt_wakeup_close(&loop->wakeup);
     /* Whatever the kernel knew is gone with its objects. */
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
-        if (reg) reg->interest = reg->trusted = 0, reg->index = -1;
+        if (!reg) continue;
+        reg->armed = 0;
+        evt_backend_slot_clear(&reg->slot);
     }
 }
 
@@ -198,6 +201,7 @@ loop_free(void *ptr)
     ruby_xfree(loop->registrations);
     evt_timers_free(&loop->timers);
     if (loop->unblockable) st_free_table(loop->unblockable);
+    ruby_xfree(loop->fired);
     ruby_xfree(loop);
 }
 
@@ -206,6 +210,7 @@ loop_memsize(const void *ptr)
 {
     const struct evt_loop *loop = ptr;
     size_t size = sizeof(*loop) + loop->timers.capacity * sizeof(struct evt_timer *);
+    size += (size_t)loop->fired_capacity * sizeof(struct evt_fired);
     size += loop->registrations_size * sizeof(struct evt_registration *);
     for (int fd = 0; fd < loop->registrations_size; fd++)
         if (loop->registrations[fd]) size += sizeof(struct evt_registration);
@@ -263,20 +268,33 @@ loop_alloc(VALUE klass)
     evt_list_init(&loop->operations);
     evt_timers_init(&loop->timers);
     loop->unblockable = st_init_numtable();
+    loop->wakeup.read_fd = loop->wakeup.write_fd = -1;
+    loop->fired_capacity = EVT_FIRED_INITIAL;
+    loop->fired = ALLOC_N(struct evt_fired, loop->fired_capacity);
     loop->forks = evt_forks;
     return self;
+}
+
+/* Has the backend watch what reg's waiters want. 0, or -errno. */
+static int
+registration_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+{
+    int err = loop->backend->arm(loop, fd, reg);
+    reg->armed = err == 0;
+    return err;
 }
 
 static void
 loop_open(struct evt_loop *loop)
 {
-    int err = loop->backend->open(loop);
+    int err = evt_wakeup_open(&loop->wakeup);
+    if (err == 0 && (err = loop->backend->open(loop)) < 0) evt_wakeup_close(&loop->wakeup);
     if (err < 0) rb_syserr_fail_str(-err, rb_sprintf("evt: opening the %s backend", loop->backend->name));
     loop->forks = evt_forks;
     /* After a close with fibers still waiting, the new kernel objects must watch for them too. */
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
-        if (reg && reg->events) loop->backend->arm(loop, fd, reg);
+        if (reg && reg->events) registration_arm(loop, fd, reg);
     }
 }
 
@@ -356,6 +374,14 @@ evt_loop_get(VALUE self)
 
 /* ---- registrations -------------------------------------------------------------------------- */
 
+/* Never 0, which a backend slot takes for none. */
+static uint32_t
+next_generation(struct evt_loop *loop)
+{
+    if (RB_UNLIKELY(++loop->generation == 0)) loop->generation = 1;
+    return loop->generation;
+}
+
 struct evt_registration *
 evt_registration_get(struct evt_loop *loop, int fd, VALUE io)
 {
@@ -372,18 +398,19 @@ evt_registration_get(struct evt_loop *loop, int fd, VALUE io)
         reg->io = Qnil;
         reg->closing = Qnil;
         evt_list_init(&reg->waiters);
-        reg->generation = 0;
-        reg->events = reg->interest = reg->trusted = reg->flags = reg->exhausted = 0;
+        reg->generation = next_generation(loop);
+        reg->events = reg->armed = reg->flags = reg->exhausted = 0;
         reg->counts[0] = reg->counts[1] = reg->counts[2] = 0;
-        reg->index = -1;
+        evt_backend_slot_clear(&reg->slot);
+        reg->slot.serial = 0;
         loop->registrations[fd] = reg;
     }
     if (reg->io != io) {
         /* Another IO on this number (or one forgotten at GC): what the kernel and we knew was for
          * the old one. Waiters of another IO sharing the descriptor stay. */
         reg->io = io;
-        reg->generation = ++loop->generation;
-        reg->trusted = 0;
+        reg->generation = next_generation(loop);
+        reg->armed = 0;
         reg->flags = 0;
         reg->exhausted = 0;
     }
@@ -411,7 +438,7 @@ registration_leave(struct evt_loop *loop, struct evt_waiter *w)
     int events = registration_count(reg, w->events, -1);
     if (events == reg->events) return;
     reg->events = events;
-    if (events) loop->backend->arm(loop, w->fd, reg); /* fewer events than before: cannot fail usefully */
+    if (events) registration_arm(loop, w->fd, reg); /* fewer events than before: cannot fail usefully */
     else loop->backend->disarm(loop, w->fd, reg);
 }
 
@@ -771,7 +798,23 @@ static void
 wait_unblock(void *ptr)
 {
     struct evt_loop *loop = ptr;
-    loop->backend->wakeup(loop);
+    evt_wakeup_signal(&loop->wakeup);
+}
+
+/* Hands what the wait collected to the waiters: the fired events of a readiness backend, then the
+ * completions of a completion backend. A full array grows for the next wait. */
+static void
+loop_dispatch(struct evt_loop *loop, int fired)
+{
+    for (int i = 0; i < fired; i++) {
+        struct evt_fired event = loop->fired[i];
+        evt_loop_io_ready(loop, event.fd, event.generation, event.events);
+    }
+    if (loop->backend->complete) loop->backend->complete(loop);
+    if (fired == loop->fired_capacity && loop->fired_capacity < EVT_FIRED_MAX) {
+        REALLOC_N(loop->fired, struct evt_fired, loop->fired_capacity * 2);
+        loop->fired_capacity *= 2;
+    }
 }
 
 static void
@@ -792,11 +835,11 @@ loop_wait(struct evt_loop *loop, int64_t timeout)
         rb_nogvl(wait_without_gvl, &arguments, wait_unblock, loop, RB_NOGVL_INTR_FAIL);
         __atomic_store_n(&loop->blocked, 0, __ATOMIC_SEQ_CST);
     }
+    if (arguments.result < 0)
+        rb_syserr_fail_str(-arguments.result, rb_sprintf("evt: waiting on the %s backend", loop->backend->name));
     /* IOs closed by other threads meanwhile: their waiters learn it before any event for them. */
     if (loop->has_requests) loop_take_requests(loop, 0);
-    if (arguments.result > 0) loop->backend->dispatch(loop);
-    else if (arguments.result < 0)
-        rb_syserr_fail_str(-arguments.result, rb_sprintf("evt: waiting on the %s backend", loop->backend->name));
+    loop_dispatch(loop, arguments.result);
     /* Signals, Thread#raise and Thread#kill arrive here, after the events are safely dispatched. */
     rb_thread_check_ints();
 }
@@ -861,8 +904,8 @@ waiter_attach(struct evt_loop *loop, struct evt_waiter *w, VALUE io)
     }
     int previous = reg->events;
     reg->events = registration_count(reg, w->events, 1);
-    if (reg->events != previous || !reg->trusted) {
-        int err = loop->backend->arm(loop, w->fd, reg);
+    if (reg->events != previous || !reg->armed) {
+        int err = registration_arm(loop, w->fd, reg);
         if (err < 0) {
             reg->events = registration_count(reg, w->events, -1);
             if (err != -EPERM) rb_syserr_fail_str(-err, rb_sprintf("evt: watching descriptor %d", w->fd));

@@ -16,6 +16,7 @@
 #include "backend.h"
 #include "list.h"
 #include "timers.h"
+#include "wakeup.h"
 
 enum evt_waiter_state {
     EVT_IDLE,     /* not suspended in evt */
@@ -63,16 +64,20 @@ struct evt_registration {
     VALUE closing;            /* an IO on fd that another thread is closing, once the loop has served
                                  that thread's request: a new wait on it ends at once (EVT_CLOSED) until
                                  Ruby has marked it closed (the closer may let other threads run first) */
-    int interest;             /* backend: events the kernel was last asked for */
-    int trusted;              /* backend: the kernel registration belongs to io and generation */
-    int index;                /* backend: slot of its own (poll) */
-    uint32_t serial;          /* backend: which of its requests for this descriptor is current */
+    int armed;                /* the backend was armed for this IO since its kernel objects were made */
+    struct evt_backend_slot slot; /* the backend's own (backend.h) */
 };
+
+/* loop->fired: entries to start with, and at most (a wait reports no more; the rest wait for the next). */
+enum { EVT_FIRED_INITIAL = 64, EVT_FIRED_MAX = 4096 };
 
 struct evt_loop {
     VALUE self;
     const struct evt_backend *backend;
     void *backend_data;       /* NULL while closed */
+    struct evt_wakeup wakeup; /* open with the backend's kernel objects */
+    struct evt_fired *fired;  /* what a readiness backend's wait collected, for the core to dispatch */
+    int fired_capacity;
     VALUE loop_fiber;
     VALUE current;            /* the fiber the loop last switched to (loop_fiber when it has control) */
     VALUE thread;
@@ -180,7 +185,7 @@ evt_loop_wake(struct evt_loop *loop)
 {
     if (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) && loop->backend_data &&
         !__atomic_exchange_n(&loop->woken, 1, __ATOMIC_SEQ_CST))
-        loop->backend->wakeup(loop);
+        evt_wakeup_signal(&loop->wakeup);
 }
 
 /* The loop for `self`, after any fork (kernel objects may still be closed). */
@@ -210,13 +215,6 @@ void evt_io_closing(VALUE io, int fd);
 /* Ruby 4.0's fiber_interrupt, from any thread: raises exception in fiber where it waits. */
 void evt_loop_interrupt(struct evt_loop *loop, VALUE fiber, VALUE exception);
 void evt_close_init(VALUE mEvt, VALUE cLoop);
-
-/* Called by backends from dispatch() for each descriptor event (EVT_* bits, plus both directions on
- * errors and hang-ups). */
-void evt_loop_io_ready(struct evt_loop *loop, int fd, uint32_t generation, int events);
-
-/* Called by backends when a direct transfer (struct evt_op) completed with `result`. */
-void evt_loop_op_done(struct evt_loop *loop, struct evt_op *op, long result);
 
 void evt_loop_init(VALUE mEvt);
 
