@@ -1,4 +1,4 @@
-/* Closing an IO that fibers wait on.
+/* Closing an IO that fibers wait on, and the other requests that come from other threads.
  *
  * Ruby 3.3 and 3.4 call no scheduler hook when an IO is closed (Ruby Bug #18455; io.c's call to
  * io_close is commented out), so a fiber waiting in evt on an IO that another fiber or thread
@@ -7,11 +7,15 @@
  * (one per thread with a scheduler) and a look at one registration: no system call, no allocation.
  * Where fibers do wait on that IO object (not merely on its descriptor number), they are woken
  * before the descriptor closes and raise IOError, "stream closed in another thread", as Ruby
- * threads do (evt_io_closing in loop.c).
+ * threads do (evt_io_closing).
+ *
+ * Another thread holding the GVL cannot touch a loop's kernel objects or fibers: what it asks of the
+ * loop (wake the waiters of an IO it closes, raise in a fiber: fiber_interrupt) is queued on
+ * loop->requests, and the loop's thread serves it on its next turn (loop.c).
  *
  * Ruby 4.0 interrupts waiting fibers itself, through the scheduler's fiber_interrupt hook, and asks
- * the scheduler to close the descriptor with io_close: there evt defines those hooks and leaves
- * IO#close alone. */
+ * the scheduler to close the descriptor with io_close: there evt defines those hooks (hooks.c) and
+ * leaves IO#close alone. */
 #include "loop.h"
 
 #include <errno.h>
@@ -21,14 +25,180 @@
 #include <ruby/io.h>
 #include <ruby/version.h>
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's fields, public in 3.3 and 3.4 */
-
 void
 evt_raise_closed(void)
 {
     rb_raise(rb_eIOError, "stream closed in another thread");
 }
+
+struct evt_orphan {
+    void *memory;
+    int transfers;
+};
+
+void
+evt_orphan_release(struct evt_orphan *orphan)
+{
+    if (--orphan->transfers > 0) return;
+    ruby_xfree(orphan->memory);
+    ruby_xfree(orphan);
+}
+
+/* Whether a fiber waits in the loop on io (by descriptor fd). */
+static int
+waited_on(struct evt_loop *loop, VALUE io, int fd)
+{
+    if (fd < 0 || fd >= loop->registrations_size || !loop->registrations[fd]) return 0;
+    EACH_WAITER(&loop->registrations[fd]->waiters, io_link, w) {
+        if (w->io == io) return 1;
+    }
+    return 0;
+}
+
+/* Whether the loop has met io on fd: a fiber waits on it, or waited on it last. (Another thread
+ * closing it tells the loop even when no fiber waits right now: one may be about to.) */
+static int
+knows(struct evt_loop *loop, VALUE io, int fd)
+{
+    if (fd < 0 || fd >= loop->registrations_size || !loop->registrations[fd]) return 0;
+    return loop->registrations[fd]->io == io || waited_on(loop, io, fd);
+}
+
+/* Wakes the loop's waiters on io with EVT_CLOSED, on the loop's own thread: the kernel lets go of
+ * the file before this returns. `elsewhere`: for another thread, which may not have marked io closed
+ * yet: until it has, a new wait on io ends at once too. */
+static void
+loop_close_io(struct evt_loop *loop, VALUE io, int fd, int elsewhere)
+{
+    struct evt_registration *reg = fd >= 0 && fd < loop->registrations_size ? loop->registrations[fd] : NULL;
+    if (elsewhere && reg && !evt_io_closed(io)) reg->closing = io;
+    if (!waited_on(loop, io, fd)) return;
+again:
+    EACH_WAITER(&reg->waiters, io_link, w) {
+        if (w->io != io) continue;
+        struct evt_waiter *target = w;
+        if (w->owner) {
+            /* One of an io_select's IOs: the select raises. */
+            evt_list_remove(&w->io_link);
+            evt_registration_leave(loop, w);
+            target = w->owner;
+        }
+        if (target->state == EVT_WAITING) evt_waiter_wake(loop, target, EVT_CLOSED, 0);
+        if (w->op && w->op->pending && loop->backend_data) {
+            /* A transfer in the kernel holds the file: take it back now. Cancelling may dispatch
+             * other completions, which changes the list: look again from the start. */
+            loop->backend->cancel(loop, w->op);
+            goto again;
+        }
+    }
+    if (reg->io == io && !reg->events && loop->backend->release && loop->backend_data)
+        loop->backend->release(loop, fd, reg);
+}
+
+/* A request from another thread, which holds the GVL and cannot touch the kernel objects. */
+void
+evt_loop_request(struct evt_loop *loop, VALUE first, VALUE second)
+{
+    if (NIL_P(loop->requests)) loop->requests = rb_ary_new();
+    rb_ary_push(loop->requests, rb_assoc_new(first, second));
+    loop->has_requests = 1;
+    evt_loop_wake(loop);
+}
+
+#if RUBY_API_VERSION_MAJOR < 4
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's buffers, public in 3.3 and 3.4 */
+
+/* Another thread closes io while transfers of this loop may have the kernel read into or write from
+ * the IO's own buffer (io_fillbuf reads into rbuf, io_fflush writes from wbuf). The close frees the
+ * buffer at once, and the loop's thread cancels the transfers only once it has the GVL again: the
+ * kernel could write into freed memory meanwhile. So the buffer moves from the IO to those transfers
+ * (the IO gets none; Ruby makes a new one if it ever needs one, which a closed IO does not), and the
+ * loop frees it once the kernel is done (wait_ensure). A transfer that lost its buffer this way
+ * always raises IOError, so Ruby never goes on with the IO's buffer it no longer has. */
+static void
+hand_over(struct evt_registration *reg, VALUE io, rb_io_buffer_t *buffer)
+{
+    char *start = buffer->ptr;
+    if (!start) return;
+    struct evt_orphan *orphan = NULL;
+    EACH_WAITER(&reg->waiters, io_link, w) {
+        struct evt_op *op = w->op;
+        if (w->io != io || !op || !op->pending || op->orphan) continue;
+        if ((char *)op->base < start || (char *)op->base >= start + buffer->capa) continue;
+        if (!orphan) {
+            orphan = ALLOC(struct evt_orphan);
+            orphan->memory = start;
+            orphan->transfers = 0;
+        }
+        op->orphan = orphan;
+        orphan->transfers++;
+    }
+    if (!orphan) return;
+    buffer->ptr = NULL;
+    buffer->off = buffer->len = buffer->capa = 0;
+}
+
+/* IO#close from any thread of this process (Ruby 3.3 and 3.4: see close.c), before the descriptor
+ * closes. */
+void
+evt_io_closing(VALUE io, int fd)
+{
+    VALUE thread = Qundef;
+    for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
+        struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
+        if (loop->forks != evt_forks || !knows(loop, io, fd)) continue;
+        if (RB_UNDEF_P(thread)) thread = rb_thread_current();
+        if (loop->thread == thread) {
+            loop_close_io(loop, io, fd, 0);
+            continue;
+        }
+        /* Another thread's loop: it wakes its fibers itself, as soon as it gets the GVL. First, its
+         * transfers on fd must not reach the kernel under a number that is free again; that may let
+         * other threads run, so it comes before the rest, which must happen in one go with the close
+         * (no other thread running until Ruby marks io closed, or a fiber could start a transfer on
+         * io after the loop served the request, and be left in the kernel). */
+        VALUE keep = loop->self; /* the loop stays meanwhile */
+        if (loop->backend->closed_elsewhere && loop->backend_data) loop->backend->closed_elsewhere(loop, fd);
+        RB_GC_GUARD(keep);
+        if (loop->kernel_ops && waited_on(loop, io, fd)) {
+            rb_io_t *fptr = RFILE(io)->fptr;
+            hand_over(loop->registrations[fd], io, &fptr->rbuf);
+            hand_over(loop->registrations[fd], io, &fptr->wbuf);
+        }
+        evt_loop_request(loop, io, INT2FIX(fd));
+    }
+}
+
+#pragma GCC diagnostic pop
+#endif
+
+/* Serves the requests from other threads: the closes here, on the loop's thread, where the kernel
+ * lets go of the file before the closer goes on; returns the rest (interrupts, which switch fibers:
+ * the loop raises them when it may), or nil. */
+VALUE
+evt_loop_serve_closes(struct evt_loop *loop)
+{
+    VALUE requests = loop->requests;
+    loop->requests = Qnil;
+    loop->has_requests = 0;
+    if (NIL_P(requests)) return Qnil;
+    VALUE rest = Qnil;
+    for (long i = 0; i < RARRAY_LEN(requests); i++) {
+        VALUE request = RARRAY_AREF(requests, i);
+        VALUE first = RARRAY_AREF(request, 0), second = RARRAY_AREF(request, 1);
+        if (FIXNUM_P(second)) {
+            loop_close_io(loop, first, FIX2INT(second), 1);
+            continue;
+        }
+        if (NIL_P(rest)) rest = rb_ary_new();
+        rb_ary_push(rest, request);
+    }
+    return rest;
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's fields, public in 3.3 and 3.4 */
 
 #if RUBY_API_VERSION_MAJOR < 4
 
@@ -116,55 +286,12 @@ io_close_write(int argc, VALUE *argv, VALUE io)
 
 #endif
 
-/*
- * io_close(fd) -> true or false
- *
- * Ruby 4.0 asks the scheduler to close a descriptor (after interrupting the fibers that waited on
- * its IO). With io_uring the close goes through the ring while the fiber waits; elsewhere close(2).
- * true: closed (Ruby does nothing more); false: it was not open, and Ruby's own close says so.
- */
-static VALUE
-loop_io_close(VALUE self, VALUE fd_value)
-{
-    struct evt_loop *loop = evt_loop_get(self);
-    int fd = NUM2INT(fd_value);
-    if (fd < 0) return Qfalse;
-    /* The waiters are gone (Ruby interrupted them): what the kernel still holds for fd goes too. */
-    struct evt_registration *reg = fd < loop->registrations_size ? loop->registrations[fd] : NULL;
-    if (reg && !reg->events && loop->backend->release) loop->backend->release(loop, fd, reg);
-    long result = -ENOTSUP;
-    if (loop->backend->transfer) {
-        struct evt_op op = {.kind = EVT_OP_CLOSE, .fd = fd, .position = -1};
-        struct evt_waiter w;
-        evt_waiter_init(&w, rb_fiber_current());
-        struct evt_wait wait = {loop, &w, EVT_WAIT_OP, Qnil, Qnil, NULL, -1, loop->forks, &op, Qnil, 0};
-        evt_loop_wait_for(&wait);
-        result = op.result;
-    }
-    if (result == -ENOTSUP) result = close(fd) < 0 ? -errno : 0;
-    /* Any other error still released the descriptor (Linux): closing it again could hit another file. */
-    return result == -EBADF ? Qfalse : Qtrue;
-}
 
-/*
- * fiber_interrupt(fiber, exception) -> nil
- *
- * Ruby 4.0: raises +exception+ in +fiber+, which waits in this scheduler (IO#close uses it for the
- * fibers waiting on the IO it closes). From any thread: the loop raises it on its next turn.
- */
-static VALUE
-loop_fiber_interrupt(VALUE self, VALUE fiber, VALUE exception)
-{
-    if (!rb_obj_is_fiber(fiber)) rb_raise(rb_eTypeError, "evt: fiber_interrupt needs a Fiber, not %" PRIsVALUE, rb_obj_class(fiber));
-    evt_loop_interrupt(evt_loop_check(self), fiber, exception);
-    return Qnil;
-}
+#pragma GCC diagnostic pop
 
 void
-evt_close_init(VALUE mEvt, VALUE cLoop)
+evt_close_init(VALUE mEvt)
 {
-    rb_define_method(cLoop, "io_close", loop_io_close, 1);
-    rb_define_method(cLoop, "fiber_interrupt", loop_fiber_interrupt, 2);
 #if RUBY_API_VERSION_MAJOR < 4
     /* Evt::CloseWakesWaiters, prepended to IO once evt is loaded. */
     id_inline_offload = rb_intern("__evt_inline_offload");
@@ -175,5 +302,3 @@ evt_close_init(VALUE mEvt, VALUE cLoop)
     rb_prepend_module(rb_cIO, mClose);
 #endif
 }
-
-#pragma GCC diagnostic pop

@@ -1,5 +1,11 @@
-/* Init_evt: defines Evt::Loop and lists the backends this build has. */
+/* Evt::Loop as Ruby sees it, besides the hooks (hooks.c): making one, running it, closing it,
+ * starting fibers, and what it tells about itself; the backends this build has; Init_evt. */
 #include "loop.h"
+
+VALUE evt_cLoop;
+
+static ID id_blocking_p;
+static VALUE eFiberError;
 
 const struct evt_backend *const evt_backends[] = {
 #ifdef HAVE_LIBURING_H
@@ -11,15 +17,300 @@ const struct evt_backend *const evt_backends[] = {
 #ifdef HAVE_POLL_H
     &evt_backend_poll,
 #endif
-#if defined(__linux__) && defined(HAVE_SYS_SELECT_H) && defined(HAVE_SYS_EVENTFD_H)
+#if defined(__linux__) && defined(HAVE_SYS_SELECT_H)
     &evt_backend_select, /* slowest: a wait costs in proportion to the highest descriptor */
 #endif
     NULL,
 };
 
+static int
+fiber_blocking_p(VALUE fiber)
+{
+    return RTEST(rb_funcall(fiber, id_blocking_p, 0));
+}
+
+/* ---- starting fibers from the loop fiber ------------------------------------------------------------
+ *
+ * CRuby 3.3 and 3.4 lower the thread's count of blocking fibers as a blocking fiber switches away,
+ * before they make the new fiber's stack; when that fails (FiberError: no memory, vm.max_map_count)
+ * the count stays lowered, and the blocking fiber's own I/O then goes through the scheduler (a hang).
+ * So the loop fiber never makes that first switch itself: a non-blocking launcher fiber does, and
+ * hands a FiberError back. One switch more per fiber scheduled by the thread's own code; fibers
+ * scheduled by fibers are started directly. */
+
+static VALUE
+launcher_switch(VALUE target)
+{
+    return rb_fiber_transfer(target, 0, NULL); /* back here, with the next fiber, at the next launch */
+}
+
+static VALUE
+launcher_failed(VALUE loop_value, VALUE error)
+{
+    struct evt_loop *loop = evt_loop_of(loop_value);
+    loop->launch_error = error;
+    return rb_fiber_transfer(loop->launch_caller, 0, NULL);
+}
+
+static VALUE
+launcher_body(RB_BLOCK_CALL_FUNC_ARGLIST(unused, loop_value))
+{
+    struct evt_loop *loop = evt_loop_of(loop_value);
+    VALUE target = rb_fiber_transfer(loop->launch_caller, 0, NULL); /* made: wait for the first launch */
+    for (;;) target = rb_rescue2(launcher_switch, target, launcher_failed, loop_value, eFiberError, 0);
+    UNREACHABLE_RETURN(Qnil);
+}
+
+/* Starts fiber from the loop fiber; raises the FiberError of a fiber that cannot start. Control
+ * comes back when the new fiber waits or ends. */
+static void
+launch(struct evt_loop *loop, VALUE fiber)
+{
+    loop->launch_caller = rb_fiber_current();
+    if (NIL_P(loop->launcher)) {
+        VALUE launcher = rb_fiber_new(launcher_body, loop->self);
+        rb_fiber_transfer(launcher, 0, NULL); /* it comes straight back, ready */
+        loop->launcher = launcher;
+    }
+    loop->launch_error = Qnil;
+    /* Not known to run until it says so (started): starting can fail before it does. */
+    loop->current = Qnil;
+    rb_fiber_transfer(loop->launcher, 1, &fiber);
+    loop->current = loop->loop_fiber;
+    loop->launch_caller = Qnil;
+    if (RB_UNLIKELY(loop->early_unblock == fiber)) loop->early_unblock = Qnil; /* it ended without waiting */
+    VALUE error = loop->launch_error;
+    loop->launch_error = Qnil;
+    if (!NIL_P(error)) rb_exc_raise(error);
+}
+
+/*
+ * start(fiber) -> fiber
+ *
+ * Runs a new fiber at once, until it waits or ends. Any fiber but the loop fiber (a scheduled one,
+ * or a blocking one inside it) waits in the ready queue meanwhile.
+ */
+static VALUE
+loop_start(VALUE self, VALUE fiber)
+{
+    struct evt_loop *loop = evt_loop_get(self);
+    VALUE current = rb_fiber_current();
+    if (current == loop->loop_fiber) {
+        launch(loop, fiber);
+    }
+    else {
+        struct evt_wait wait;
+        evt_wait_start(&wait, loop, fiber);
+        evt_suspend(&wait);
+    }
+    return fiber;
+}
+
+/*
+ * started -> nil
+ *
+ * Called by a new scheduled fiber as it begins: from now on it is the fiber the loop runs.
+ */
+static VALUE
+loop_started(VALUE self)
+{
+    evt_loop_check(self)->current = rb_fiber_current();
+    return Qnil;
+}
+
+/*
+ * run -> self
+ *
+ * Runs the loop until no fiber waits in it. Call it from the blocking fiber that drives the
+ * scheduler (usually the thread's main fiber).
+ */
+static VALUE
+loop_run_m(VALUE self)
+{
+    struct evt_loop *loop = evt_loop_get(self);
+    VALUE current = rb_fiber_current();
+    if (current != loop->loop_fiber) {
+        if (loop->running) rb_raise(eFiberError, "evt: the loop is already running on another fiber");
+        if (!fiber_blocking_p(current))
+            rb_raise(eFiberError, "evt: the loop runs on a blocking fiber (the one that drives the scheduler), "
+                                     "not inside a scheduled fiber");
+        loop->loop_fiber = current;
+    }
+    evt_loop_run(loop, NULL);
+    return self;
+}
+
+/*
+ * scheduler_close -> nil
+ *
+ * Runs every fiber to completion, then releases the kernel objects (a later use opens new ones).
+ * Ruby calls it when the thread ends or another scheduler is set; it keeps $! as it found it, so
+ * the exception that is ending a thread is not lost.
+ */
+static VALUE
+loop_scheduler_close(VALUE self)
+{
+    struct evt_loop *loop = evt_loop_owned(self);
+    VALUE current = rb_fiber_current();
+    if (current != loop->loop_fiber && (loop->running || !fiber_blocking_p(current)))
+        rb_raise(eFiberError, "evt: a scheduler is closed from the blocking fiber that drives it, "
+                              "not from inside a scheduled fiber");
+    VALUE errinfo = rb_errinfo();
+    int state = 0;
+    rb_protect(loop_run_m, self, &state);
+    evt_loop_close_backend(loop);
+    if (state) rb_jump_tag(state);
+    /* Not while Thread#kill ends the thread: $! then holds Ruby's own marker, which is no exception
+     * and cannot be set back (and nothing here replaced it). */
+    if (NIL_P(errinfo) || rb_obj_is_kind_of(errinfo, rb_eException)) rb_set_errinfo(errinfo);
+    return Qnil;
+}
+
+/* Releases the kernel objects; the loop opens new ones if it is used again. */
+static VALUE
+loop_close_backend_m(VALUE self)
+{
+    struct evt_loop *loop = evt_loop_owned(self);
+    if (loop->running) rb_raise(eFiberError, "evt: the loop is running: it closes when it is done");
+    evt_loop_close_backend(loop);
+    return Qnil;
+}
+
+/*
+ * wakeup -> nil
+ *
+ * Ends a wait in the kernel in progress, from any thread.
+ */
+static VALUE
+loop_wakeup(VALUE self)
+{
+    struct evt_loop *loop = evt_loop_check(self);
+    evt_loop_wake(loop);
+    return Qnil;
+}
+
+static VALUE
+loop_backend(VALUE self)
+{
+    return ID2SYM(rb_intern(evt_loop_check(self)->backend->name));
+}
+
+static VALUE
+loop_closed_p(VALUE self)
+{
+    return evt_loop_check(self)->backend_data ? Qfalse : Qtrue;
+}
+
+/* The number of fibers suspended in the loop. */
+static VALUE
+loop_waiting(VALUE self)
+{
+    return SIZET2NUM(evt_loop_check(self)->waiting);
+}
+
+static int
+collect_key(st_data_t key, st_data_t value, st_data_t set)
+{
+    rb_hash_aset((VALUE)set, (VALUE)key, Qtrue);
+    return ST_CONTINUE;
+}
+
+/* The fibers suspended in the loop, for tearing it down. */
+static VALUE
+loop_fibers(VALUE self)
+{
+    struct evt_loop *loop = evt_loop_check(self);
+    VALUE set = rb_hash_new();
+    EACH_WAITER(&loop->ready, ready_link, w) rb_hash_aset(set, w->fiber, Qtrue);
+    for (size_t i = 0; i < loop->timers.size; i++)
+        if (loop->timers.heap[i]->kind == EVT_TIMER_WAITER)
+            rb_hash_aset(set, evt_container_of(loop->timers.heap[i], struct evt_waiter, timer)->fiber, Qtrue);
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        struct evt_registration *reg = loop->registrations[fd];
+        if (reg) EACH_WAITER(&reg->waiters, io_link, w) rb_hash_aset(set, w->fiber, Qtrue);
+    }
+    EACH_WAITER(&loop->operations, io_link, w) rb_hash_aset(set, w->fiber, Qtrue);
+    st_foreach(loop->unblockable, collect_key, (st_data_t)set);
+    rb_hash_delete(set, rb_fiber_current());
+    return rb_funcall(set, rb_intern("keys"), 0);
+}
+
+static const struct evt_backend *
+backend_named(VALUE name)
+{
+    if (!SYMBOL_P(name) && !RB_TYPE_P(name, T_STRING))
+        rb_raise(rb_eTypeError, "evt: backend name must be a Symbol or String, not %" PRIsVALUE, rb_obj_class(name));
+    VALUE string = rb_String(name);
+    for (const struct evt_backend *const *b = evt_backends; *b; b++)
+        if (strcmp((*b)->name, StringValueCStr(string)) == 0) return *b;
+    return NULL;
+}
+
+/*
+ * Evt::Loop.new(backend) -> loop
+ *
+ * +backend+ names one of Evt::Loop.backends; ArgumentError when it is unknown or cannot run here.
+ */
+static VALUE
+loop_initialize(VALUE self, VALUE name)
+{
+    struct evt_loop *loop = evt_loop_of(self);
+    if (loop->backend) rb_raise(rb_eRuntimeError, "evt: loop already initialized");
+    const struct evt_backend *backend = backend_named(name);
+    if (!backend) rb_raise(rb_eArgError, "evt: unknown backend %" PRIsVALUE, rb_inspect(name));
+    const char *reason = backend->probe();
+    if (reason) rb_raise(rb_eArgError, "evt: the %s backend cannot run here: %s", backend->name, reason);
+    loop->backend = backend;
+    loop->loop_fiber = loop->current = rb_fiber_current();
+    loop->thread = rb_thread_current();
+    evt_loop_open(loop);
+    return self;
+}
+
+/* Evt::Loop.backends -> the names of the backends this build has, fastest first. */
+static VALUE
+loop_s_backends(VALUE klass)
+{
+    VALUE names = rb_ary_new();
+    for (const struct evt_backend *const *b = evt_backends; *b; b++) rb_ary_push(names, ID2SYM(rb_intern((*b)->name)));
+    return names;
+}
+
+/* Evt::Loop.probe(name) -> nil when the backend can run here, else the reason it cannot. */
+static VALUE
+loop_s_probe(VALUE klass, VALUE name)
+{
+    const struct evt_backend *backend = backend_named(name);
+    if (!backend) return rb_str_new_cstr("unknown backend");
+    const char *reason = backend->probe();
+    return reason ? rb_str_new_cstr(reason) : Qnil;
+}
+
 RUBY_FUNC_EXPORTED void
 Init_evt(void)
 {
+    id_blocking_p = rb_intern("blocking?");
+    eFiberError = rb_const_get(rb_cObject, rb_intern("FiberError"));
     VALUE mEvt = rb_define_module("Evt");
-    evt_loop_init(mEvt);
+    evt_object_init();
+    evt_loop_core_init();
+
+    evt_cLoop = rb_define_class_under(mEvt, "Loop", rb_cObject);
+    rb_define_alloc_func(evt_cLoop, evt_loop_alloc);
+    rb_define_singleton_method(evt_cLoop, "backends", loop_s_backends, 0);
+    rb_define_singleton_method(evt_cLoop, "probe", loop_s_probe, 1);
+    rb_define_method(evt_cLoop, "initialize", loop_initialize, 1);
+    rb_define_method(evt_cLoop, "run", loop_run_m, 0);
+    rb_define_method(evt_cLoop, "scheduler_close", loop_scheduler_close, 0);
+    rb_define_method(evt_cLoop, "wakeup", loop_wakeup, 0);
+    rb_define_method(evt_cLoop, "backend", loop_backend, 0);
+    rb_define_method(evt_cLoop, "closed?", loop_closed_p, 0);
+    rb_define_method(evt_cLoop, "waiting", loop_waiting, 0);
+    rb_define_private_method(evt_cLoop, "start", loop_start, 1);
+    rb_define_private_method(evt_cLoop, "started", loop_started, 0);
+    rb_define_private_method(evt_cLoop, "close_backend", loop_close_backend_m, 0);
+    rb_define_private_method(evt_cLoop, "suspended_fibers", loop_fibers, 0);
+
+    evt_hooks_init(evt_cLoop);
+    evt_close_init(mEvt);
 }

@@ -20,6 +20,50 @@
 
 static VALUE cBasicSocket = Qundef; /* once `socket` is loaded */
 
+/* nil -> -1 (no limit); otherwise nanoseconds, with the errors Kernel#sleep gives for bad values. */
+static int64_t
+evt_timeout_ns(VALUE timeout)
+{
+    if (NIL_P(timeout)) return -1;
+    struct timespec ts = rb_time_timespec_interval(timeout);
+    if (ts.tv_sec >= INT64_MAX / 1000000000 / 4) return INT64_MAX / 4; /* practically forever */
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Readiness right now, without waiting: poll(2) with a zero timeout, as IO#wait would see it (by
+ * backend.h's rule: an error or hang-up is every event). */
+static int
+evt_poll_now(int fd, int events)
+{
+    struct pollfd pfd = {.fd = fd, .events = (short)evt_poll_mask(events)};
+    int n;
+    do n = poll(&pfd, 1, 0);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) rb_sys_fail("poll");
+    if (n == 0) return 0;
+    if (pfd.revents & POLLNVAL) rb_syserr_fail(EBADF, "poll");
+    return evt_events_from_poll((unsigned short)pfd.revents) & events;
+}
+
+/* Waits until fd has one of `events`: returns them, or 0 when the time ran out; raises IOError when
+ * the IO is closed meanwhile. */
+static int
+evt_loop_wait_io(struct evt_loop *loop, VALUE io, int fd, int events, int64_t timeout)
+{
+    int64_t deadline = timeout >= 0 ? evt_now_ns() + timeout : -1;
+    for (;;) {
+        struct evt_wait wait;
+        evt_wait_io(&wait, loop, io, fd, events, timeout);
+        switch (evt_suspend(&wait)) {
+        case EVT_IO_READY: return wait.waiter.ready;
+        case EVT_TIMED_OUT: return 0;
+        case EVT_CLOSED: evt_raise_closed();
+        default: break; /* resumed for nothing: wait again for what is left of the time */
+        }
+        if (deadline >= 0 && (timeout = deadline - evt_now_ns()) < 0) timeout = 0;
+    }
+}
+
 /* The registration for a transfer on io. Learns once per IO whether its descriptor is in blocking
  * mode: a socket (any BasicSocket, or a descriptor in blocking mode that fstat says is one) is read
  * and written with MSG_DONTWAIT; anything else in blocking mode (a pipe, a FIFO, a tty)
@@ -74,7 +118,7 @@ transfer_once(struct evt_registration *reg, int fd, int events, char *base, size
 static void
 wait_for_transfer(struct evt_loop *loop, VALUE io, int fd, int events)
 {
-    if (evt_loop_wait_io(loop, io, fd, events, evt_timeout_ns(rb_io_timeout(io))) == EVT_TIMED_OUT)
+    if (!evt_loop_wait_io(loop, io, fd, events, evt_timeout_ns(rb_io_timeout(io))))
         rb_raise(rb_eIOTimeoutError, "Blocking operation timed out!");
 }
 
@@ -102,8 +146,8 @@ loop_io_wait(VALUE self, VALUE io, VALUE events_value, VALUE timeout_value)
         if (ready) return INT2FIX(ready);
     }
     if (timeout == 0 || events == 0) return Qfalse;
-    int result = evt_loop_wait_io(loop, io, fd, events, timeout);
-    return result > 0 ? INT2FIX(result) : Qfalse;
+    int ready = evt_loop_wait_io(loop, io, fd, events, timeout);
+    return ready ? INT2FIX(ready) : Qfalse;
 }
 
 /* Transfers with read(2) or write(2) until at least `length` bytes (0: one successful transfer),
@@ -129,18 +173,16 @@ internal_read_buffer(VALUE io, const void *base)
 static long
 transfer_by_backend(struct evt_loop *loop, VALUE io, VALUE buffer, struct evt_op *op, int *timed_out)
 {
-    struct evt_waiter w;
-    evt_waiter_init(&w, rb_fiber_current());
-    struct evt_wait wait = {loop, &w, EVT_WAIT_OP, io, Qnil, NULL, evt_timeout_ns(rb_io_timeout(io)), loop->forks,
-                            op, buffer, 0};
-    evt_loop_wait_for(&wait);
+    struct evt_wait wait;
+    evt_wait_op(&wait, loop, io, op, buffer, evt_timeout_ns(rb_io_timeout(io)));
+    enum evt_outcome outcome = evt_suspend(&wait);
     /* op->orphan: another thread closed the IO and took the buffer this transfer was aimed into
      * from it (evt_io_closing; freed by now): Ruby must not go on with that buffer. */
-    if (w.result == EVT_CLOSED || op->orphan) evt_raise_closed();
-    *timed_out = w.result == EVT_TIMED_OUT && op->result <= 0;
+    if (outcome == EVT_CLOSED || op->orphan) evt_raise_closed();
+    *timed_out = outcome == EVT_TIMED_OUT && op->result <= 0;
     /* Resumed by some other fiber's transfer, not by the loop: leaving, it cancelled its own
      * transfer, which never ran. Nothing happened: try again (as after EINTR). */
-    if (w.result == EVT_SPURIOUS && op->result == -ECANCELED) return -EINTR;
+    if (outcome == EVT_INTERRUPTED && op->result == -ECANCELED) return -EINTR;
     return op->result;
 }
 
@@ -443,16 +485,15 @@ loop_io_select(int argc, VALUE *argv, VALUE self)
     VALUE result = select_now(&call);
     int64_t deadline = timeout > 0 ? evt_now_ns() + timeout : timeout;
     while (NIL_P(result) && timeout != 0) {
-        struct evt_waiter w;
-        evt_waiter_init(&w, rb_fiber_current());
-        struct evt_wait wait = {loop, &w, EVT_WAIT_SELECT, Qnil, Qnil, &call.selection, timeout, loop->forks, NULL, Qnil, 0};
-        evt_loop_wait_for(&wait);
-        if (w.result == EVT_CLOSED) {
+        struct evt_wait wait;
+        evt_wait_select(&wait, loop, &call.selection, timeout);
+        enum evt_outcome outcome = evt_suspend(&wait);
+        if (outcome == EVT_CLOSED) {
             for (int b = 0; b < 5; b++) ALLOCV_END(buffers[b]);
             evt_raise_closed();
         }
         result = select_now(&call);
-        if (w.result == EVT_TIMED_OUT) break;
+        if (outcome == EVT_TIMED_OUT) break;
         if (deadline > 0 && (timeout = deadline - evt_now_ns()) < 0) timeout = 0;
     }
     for (int b = 0; b < 5; b++) ALLOCV_END(buffers[b]);
@@ -525,10 +566,9 @@ loop_wait_child_exit(VALUE self, VALUE pid)
     siginfo_t info;
     memset(&info, 0, sizeof(info));
     struct evt_op op = {.kind = EVT_OP_WAITID, .fd = NUM2PIDT(pid), .base = &info, .position = -1};
-    struct evt_waiter w;
-    evt_waiter_init(&w, rb_fiber_current());
-    struct evt_wait wait = {loop, &w, EVT_WAIT_OP, Qnil, Qnil, NULL, -1, loop->forks, &op, Qnil, 0};
-    evt_loop_wait_for(&wait);
+    struct evt_wait wait;
+    evt_wait_op(&wait, loop, Qnil, &op, Qnil, -1);
+    evt_suspend(&wait);
     if (op.result == -ENOTSUP) return Qnil;
     return op.result == 0 ? Qtrue : Qfalse;
 }
@@ -556,13 +596,13 @@ loop_pidfd_open(VALUE self, VALUE pid)
 static int
 loop_block(struct evt_loop *loop, int64_t timeout)
 {
-    struct evt_waiter w;
-    evt_waiter_init(&w, rb_fiber_current());
     int64_t deadline = timeout >= 0 ? evt_now_ns() + timeout : -1;
     for (;;) {
-        int result = evt_loop_suspend(loop, &w, EVT_WAIT_BLOCK, Qnil, Qnil, timeout);
-        if (result == 1) return 1;
-        if (result == EVT_TIMED_OUT) return 0;
+        struct evt_wait wait;
+        evt_wait_block(&wait, loop, timeout);
+        enum evt_outcome outcome = evt_suspend(&wait);
+        if (outcome == EVT_UNBLOCKED) return 1;
+        if (outcome == EVT_TIMED_OUT) return 0;
         if (deadline >= 0 && (timeout = deadline - evt_now_ns()) < 0) timeout = 0;
     }
 }
@@ -580,9 +620,9 @@ loop_kernel_sleep(int argc, VALUE *argv, VALUE self)
     int64_t timeout = argc ? evt_timeout_ns(argv[0]) : -1;
     struct evt_loop *loop = evt_loop_get(self);
     if (timeout == 0) {
-        struct evt_waiter w;
-        evt_waiter_init(&w, rb_fiber_current());
-        evt_loop_suspend(loop, &w, EVT_WAIT_YIELD, Qnil, Qnil, -1);
+        struct evt_wait wait;
+        evt_wait_yield(&wait, loop);
+        evt_suspend(&wait);
         return Qnil;
     }
     loop_block(loop, timeout);
@@ -618,7 +658,8 @@ loop_unblock(VALUE self, VALUE blocker, VALUE fiber)
 {
     struct evt_loop *loop = evt_loop_check(self);
     st_data_t value;
-    if (st_lookup(loop->unblockable, (st_data_t)fiber, &value)) evt_waiter_wake(loop, (struct evt_waiter *)value, 1);
+    if (st_lookup(loop->unblockable, (st_data_t)fiber, &value))
+        evt_waiter_wake(loop, (struct evt_waiter *)value, EVT_UNBLOCKED, 0);
     /* Running, not blocked yet: Ruby has put it on the blocker's list (a ConditionVariable's, a
      * Queue's) and calls block next, but a kernel_sleep or block of a subclass may run code first,
      * during which another thread can get the GVL and unblock it. Kept for that block, as a
@@ -630,6 +671,51 @@ loop_unblock(VALUE self, VALUE blocker, VALUE fiber)
     return Qnil;
 }
 
+
+/* ---- Ruby 4.0: io_close, fiber_interrupt --------------------------------------------------------- */
+
+/*
+ * io_close(fd) -> true or false
+ *
+ * Ruby 4.0 asks the scheduler to close a descriptor (after interrupting the fibers that waited on
+ * its IO). With io_uring the close goes through the ring while the fiber waits; elsewhere close(2).
+ * true: closed (Ruby does nothing more); false: it was not open, and Ruby's own close says so.
+ */
+static VALUE
+loop_io_close(VALUE self, VALUE fd_value)
+{
+    struct evt_loop *loop = evt_loop_get(self);
+    int fd = NUM2INT(fd_value);
+    if (fd < 0) return Qfalse;
+    /* The waiters are gone (Ruby interrupted them): what the kernel still holds for fd goes too. */
+    struct evt_registration *reg = fd < loop->registrations_size ? loop->registrations[fd] : NULL;
+    if (reg && !reg->events && loop->backend->release) loop->backend->release(loop, fd, reg);
+    long result = -ENOTSUP;
+    if (loop->backend->transfer) {
+        struct evt_op op = {.kind = EVT_OP_CLOSE, .fd = fd, .position = -1};
+        struct evt_wait wait;
+        evt_wait_op(&wait, loop, Qnil, &op, Qnil, -1);
+        evt_suspend(&wait);
+        result = op.result;
+    }
+    if (result == -ENOTSUP) result = close(fd) < 0 ? -errno : 0;
+    /* Any other error still released the descriptor (Linux): closing it again could hit another file. */
+    return result == -EBADF ? Qfalse : Qtrue;
+}
+
+/*
+ * fiber_interrupt(fiber, exception) -> nil
+ *
+ * Ruby 4.0: raises +exception+ in +fiber+, which waits in this scheduler (IO#close uses it for the
+ * fibers waiting on the IO it closes). From any thread: the loop raises it on its next turn.
+ */
+static VALUE
+loop_fiber_interrupt(VALUE self, VALUE fiber, VALUE exception)
+{
+    if (!rb_obj_is_fiber(fiber)) rb_raise(rb_eTypeError, "evt: fiber_interrupt needs a Fiber, not %" PRIsVALUE, rb_obj_class(fiber));
+    evt_loop_request(evt_loop_check(self), fiber, exception);
+    return Qnil;
+}
 
 void
 evt_hooks_init(VALUE cLoop)
@@ -647,4 +733,6 @@ evt_hooks_init(VALUE cLoop)
     rb_define_method(cLoop, "timeout_after", loop_timeout_after, -1);
     rb_define_private_method(cLoop, "pidfd_open", loop_pidfd_open, 1);
     rb_define_private_method(cLoop, "wait_child_exit", loop_wait_child_exit, 1);
+    rb_define_method(cLoop, "io_close", loop_io_close, 1);
+    rb_define_method(cLoop, "fiber_interrupt", loop_fiber_interrupt, 2);
 }

@@ -9,6 +9,7 @@
 #define EVT_LOOP_H
 
 #include <ruby.h>
+#include <ruby/io.h>
 #include <ruby/st.h>
 #include <stdint.h>
 #include <time.h>
@@ -22,6 +23,16 @@ enum evt_waiter_state {
     EVT_IDLE,     /* not suspended in evt */
     EVT_WAITING,  /* suspended, waiting for an event, a timer or an unblock */
     EVT_READY,    /* in the ready queue, to be resumed by the loop */
+};
+
+/* What ended a wait (evt_suspend's result). */
+enum evt_outcome {
+    EVT_INTERRUPTED, /* resumed by something other than the loop, or a yield: nothing happened (as EINTR) */
+    EVT_IO_READY,    /* the descriptor is ready: waiter.ready holds which of its events */
+    EVT_UNBLOCKED,   /* unblock (block, kernel_sleep, an empty IO.select) */
+    EVT_DONE,        /* the backend's transfer completed: op->result holds what it gave */
+    EVT_TIMED_OUT,
+    EVT_CLOSED,      /* the IO was closed under it */
 };
 
 /* Timer kinds: a waiter's deadline, or a timeout_after that raises in its fiber. */
@@ -38,7 +49,8 @@ struct evt_waiter {
     struct evt_timer timer;      /* in loop->timers while it has a deadline */
     int fd;
     int events;                  /* what it waits for on fd */
-    int result;                  /* events that arrived; for block/sleep 1 = unblocked; 0 = timed out */
+    int ready;                   /* EVT_IO_READY: the events that arrived */
+    unsigned char outcome;       /* enum evt_outcome */
     unsigned char state;
     unsigned char unblockable;   /* in loop->unblockable: block and kernel_sleep */
     unsigned char allocated;     /* on the heap, not a stack: the loop frees it when it resumes it */
@@ -111,46 +123,10 @@ struct evt_loop {
 
 extern VALUE evt_cLoop;
 
-/* ---- inside the extension: what hooks.c takes from the core ------------------------------------ */
-
-/* What a finished wait reports besides events (> 0) and "unblocked" (1). */
-enum { EVT_SPURIOUS = 0, EVT_TIMED_OUT = -1, EVT_CLOSED = -2 /* the IO was closed under it */ };
-
-/* Registration flags, learnt once per IO object on a descriptor. */
-enum {
-    EVT_REG_CHECKED = 1,   /* O_NONBLOCK and file type looked at */
-    EVT_REG_BLOCKING = 2,  /* a descriptor in blocking mode, not a socket: poll before every transfer */
-    EVT_REG_SOCKET = 4,    /* a socket: transfer with MSG_DONTWAIT (recv, send) */
-    EVT_REG_FILE = 8,      /* a regular file or block device: never waits for readiness */
-};
-
-enum evt_wait_kind { EVT_WAIT_IO, EVT_WAIT_BLOCK, EVT_WAIT_YIELD, EVT_WAIT_START, EVT_WAIT_SELECT, EVT_WAIT_OP };
-
-/* io_select's IOs: a waiter each, all waking the select's own waiter. */
-struct evt_selection {
-    long count;
-    VALUE *ios;
-    int *fds;
-    int *events;
-    struct evt_waiter *waiters;
-};
-
-/* One suspension of the current fiber. The whole of it (linking the waiter into the loop's
- * structures, switching away, unlinking) runs under rb_ensure, so however the fiber is unwound the
- * waiter has left every structure before its stack frame goes away. */
-struct evt_wait {
-    struct evt_loop *loop;
-    struct evt_waiter *waiter;
-    enum evt_wait_kind kind;
-    VALUE io;          /* EVT_WAIT_IO */
-    VALUE target;      /* EVT_WAIT_START: the new fiber */
-    struct evt_selection *selection; /* EVT_WAIT_SELECT */
-    int64_t timeout;   /* -1: none */
-    unsigned forks;
-    struct evt_op *op; /* EVT_WAIT_OP */
-    VALUE buffer;      /* EVT_WAIT_OP: the IO::Buffer, locked by us while the kernel may write to it */
-    int locked;
-};
+#define EACH_WAITER(head, member, w)                                                           \
+    for (struct evt_list *node_ = (head)->next, *next_ = node_->next; node_ != (head);          \
+         node_ = next_, next_ = node_->next)                                                   \
+        for (struct evt_waiter *w = evt_container_of(node_, struct evt_waiter, member); w; w = NULL)
 
 static inline int64_t
 evt_now_ns(void)
@@ -172,7 +148,8 @@ evt_waiter_init(struct evt_waiter *w, VALUE fiber)
     w->owner = NULL;
     w->fd = -1;
     w->events = 0;
-    w->result = EVT_SPURIOUS;
+    w->ready = 0;
+    w->outcome = EVT_INTERRUPTED;
     w->state = EVT_IDLE;
     w->unblockable = 0;
     w->allocated = 0;
@@ -188,34 +165,125 @@ evt_loop_wake(struct evt_loop *loop)
         evt_wakeup_signal(&loop->wakeup);
 }
 
+/* Whether Ruby has marked io closed. */
+static inline int
+evt_io_closed(VALUE io)
+{
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's fd, public in 3.3 and 3.4 */
+    return !RB_TYPE_P(io, T_FILE) || !RFILE(io)->fptr || RFILE(io)->fptr->fd < 0;
+#pragma GCC diagnostic pop
+}
+
+/* Registration flags, learnt once per IO object on a descriptor. */
+enum {
+    EVT_REG_CHECKED = 1,   /* O_NONBLOCK and file type looked at */
+    EVT_REG_BLOCKING = 2,  /* a descriptor in blocking mode, not a socket: poll before every transfer */
+    EVT_REG_SOCKET = 4,    /* a socket: transfer with MSG_DONTWAIT (recv, send) */
+    EVT_REG_FILE = 8,      /* a regular file or block device: never waits for readiness */
+};
+
+/* ---- waits (loop.c) ---------------------------------------------------------------------------
+ *
+ * One suspension of the current fiber, made by one of the constructors below and run by
+ * evt_suspend. The whole of it (linking the waiter into the loop's structures, switching away,
+ * unlinking) runs under rb_ensure, so however the fiber is unwound the waiter has left every
+ * structure before its stack frame goes away. */
+
+enum evt_wait_kind { EVT_WAIT_IO, EVT_WAIT_BLOCK, EVT_WAIT_YIELD, EVT_WAIT_START, EVT_WAIT_SELECT, EVT_WAIT_OP };
+
+/* io_select's IOs: a waiter each, all waking the select's own waiter. */
+struct evt_selection {
+    long count;
+    VALUE *ios;
+    int *fds;
+    int *events;
+    struct evt_waiter *waiters;
+};
+
+struct evt_wait {
+    struct evt_waiter waiter;        /* what the loop's structures hold meanwhile */
+    struct evt_loop *loop;
+    enum evt_wait_kind kind;
+    int64_t timeout;                 /* -1: none */
+    unsigned forks;                  /* the loop's, when made: a wait resumed in a forked child is the parent's */
+    VALUE target;                    /* EVT_WAIT_START: the new fiber */
+    struct evt_selection *selection; /* EVT_WAIT_SELECT */
+    struct evt_op *op;               /* EVT_WAIT_OP */
+    VALUE buffer;                    /* EVT_WAIT_OP: the IO::Buffer, locked by us while the kernel may write to it */
+    int locked;
+};
+
+/* Until fd (of io) has one of `events`, or `timeout` ns (-1: none). */
+void evt_wait_io(struct evt_wait *wait, struct evt_loop *loop, VALUE io, int fd, int events, int64_t timeout);
+/* Until unblock, or `timeout`. */
+void evt_wait_block(struct evt_wait *wait, struct evt_loop *loop, int64_t timeout);
+/* Lets the other ready fibers run first (sleep(0)). */
+void evt_wait_yield(struct evt_wait *wait, struct evt_loop *loop);
+/* Starts `fiber`; the current fiber waits in the ready queue meanwhile. */
+void evt_wait_start(struct evt_wait *wait, struct evt_loop *loop, VALUE fiber);
+/* Until one of the selection's IOs is ready, or `timeout` (none and nothing to watch: until unblock). */
+void evt_wait_select(struct evt_wait *wait, struct evt_loop *loop, struct evt_selection *selection, int64_t timeout);
+/* Until the backend has done `op` (on io, into or from `buffer`: either may be nil), or `timeout`. */
+void evt_wait_op(struct evt_wait *wait, struct evt_loop *loop, VALUE io, struct evt_op *op, VALUE buffer, int64_t timeout);
+/* Suspends the current fiber on `wait`, the one way into the loop from a hook: what ended it. */
+enum evt_outcome evt_suspend(struct evt_wait *wait);
+
+/* ---- what the files give each other -------------------------------------------------------------
+ *
+ * From the bottom up, each file calling only those above it in this list:
+ *   waiters.c  registrations and waiters, waking them
+ *   object.c   the loop object: memory, GC, kernel objects, fork, owner thread, the list of loops
+ *   close.c    closing IOs waited on, and requests from other threads
+ *   loop.c     suspension and the run loop
+ *   hooks.c    the scheduler hooks
+ *   evt.c      Evt::Loop's other methods, Init_evt */
+
+/* waiters.c */
+struct evt_registration *evt_registration_get(struct evt_loop *loop, int fd, VALUE io);
+int evt_registration_arm(struct evt_loop *loop, int fd, struct evt_registration *reg);
+void evt_registration_leave(struct evt_loop *loop, struct evt_waiter *w);
+void evt_waiter_attach(struct evt_loop *loop, struct evt_waiter *w, VALUE io);
+void evt_waiter_detach(struct evt_loop *loop, struct evt_waiter *w);
+void evt_waiter_ready(struct evt_loop *loop, struct evt_waiter *w);
+/* Wakes a waiting waiter with `outcome` (and, for EVT_IO_READY, the events that arrived). */
+void evt_waiter_wake(struct evt_loop *loop, struct evt_waiter *w, enum evt_outcome outcome, int ready);
+
+/* object.c */
+extern struct evt_list evt_loops;
+extern volatile unsigned evt_forks;
+VALUE evt_loop_alloc(VALUE klass);
+struct evt_loop *evt_loop_of(VALUE self);
 /* The loop for `self`, after any fork (kernel objects may still be closed). */
 struct evt_loop *evt_loop_check(VALUE self);
+/* The loop for its own thread (an idle one moves to the calling thread). */
+struct evt_loop *evt_loop_owned(VALUE self);
 /* The loop for `self`, used from its own thread, kernel objects open. */
 struct evt_loop *evt_loop_get(VALUE self);
-/* nil -> -1 (no limit); otherwise nanoseconds, with Kernel#sleep's errors for bad values. */
-int64_t evt_timeout_ns(VALUE timeout);
-struct evt_registration *evt_registration_get(struct evt_loop *loop, int fd, VALUE io);
-void evt_waiter_wake(struct evt_loop *loop, struct evt_waiter *w, int result);
-/* Suspends the current fiber on `wait` (see struct evt_wait). */
-void evt_loop_wait_for(struct evt_wait *wait);
-int evt_loop_suspend(struct evt_loop *loop, struct evt_waiter *w, enum evt_wait_kind kind, VALUE io, VALUE target,
-                     int64_t timeout);
-/* Waits until fd has one of `events`: returns them, or EVT_TIMED_OUT; raises IOError when the IO is
- * closed meanwhile. */
-int evt_loop_wait_io(struct evt_loop *loop, VALUE io, int fd, int events, int64_t timeout);
-/* Readiness right now, as poll(2) with a zero timeout says. */
-int evt_poll_now(int fd, int events);
+void evt_loop_open(struct evt_loop *loop);
+void evt_loop_close_backend(struct evt_loop *loop);
+void evt_object_init(void);
+
+/* close.c */
 /* Raises the IOError of a read or write whose IO another fiber or thread closed. */
 NORETURN(void evt_raise_closed(void));
-void evt_hooks_init(VALUE cLoop);
-
 /* IO#close from any thread of this process: wakes every fiber waiting on io (the object, not just
  * its descriptor) with EVT_CLOSED, before the descriptor is closed. */
 void evt_io_closing(VALUE io, int fd);
-/* Ruby 4.0's fiber_interrupt, from any thread: raises exception in fiber where it waits. */
-void evt_loop_interrupt(struct evt_loop *loop, VALUE fiber, VALUE exception);
-void evt_close_init(VALUE mEvt, VALUE cLoop);
+/* From another thread (holding the GVL): [io, fd] closed, or [fiber, exception] to raise. */
+void evt_loop_request(struct evt_loop *loop, VALUE first, VALUE second);
+/* Serves the closes among the requests; returns the rest (interrupts), or nil. */
+VALUE evt_loop_serve_closes(struct evt_loop *loop);
+struct evt_orphan;
+void evt_orphan_release(struct evt_orphan *orphan);
+void evt_close_init(VALUE mEvt);
 
-void evt_loop_init(VALUE mEvt);
+/* loop.c */
+/* Runs the loop until no fiber waits, or until `until` (the loop fiber's own waiter) is resumed. */
+void evt_loop_run(struct evt_loop *loop, struct evt_waiter *until);
+void evt_loop_core_init(void);
+
+/* hooks.c */
+void evt_hooks_init(VALUE cLoop);
 
 #endif

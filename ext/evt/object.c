@@ -1,0 +1,315 @@
+/* The loop object: its memory and what the GC sees of it, its kernel objects (opened, closed,
+ * inherited by a fork), the thread it belongs to, and the process's list of loops. The run loop is
+ * in loop.c; what Ruby calls on Evt::Loop, in evt.c (the hooks in hooks.c). */
+#include "loop.h"
+
+#include <pthread.h>
+
+/* Every loop of the process, for IO#close to look through (one per thread that has a scheduler).
+ * Changed and read with the GVL held. */
+struct evt_list evt_loops = {&evt_loops, &evt_loops};
+
+/* Counts forks: every child increments it at once, so a loop can tell it was inherited. */
+volatile unsigned evt_forks;
+
+static void
+evt_atfork_child(void)
+{
+    evt_forks++;
+}
+
+static int
+mark_key(st_data_t key, st_data_t value, st_data_t arg)
+{
+    rb_gc_mark((VALUE)key);
+    return ST_CONTINUE;
+}
+
+/* Suspended fibers are reachable only through the loop: their waiters live on their own stacks.
+ * Fibers are pinned (their stacks hold their own VALUE anyway); registrations' IOs may move.
+ * A registration nobody waits on forgets its IO here, so an IO dropped without #close can still be
+ * collected (and closed); the next wait on that descriptor registers it with the kernel again. */
+static void
+loop_mark(void *ptr)
+{
+    struct evt_loop *loop = ptr;
+    rb_gc_mark_movable(loop->loop_fiber);
+    rb_gc_mark_movable(loop->current);
+    rb_gc_mark_movable(loop->thread);
+    rb_gc_mark_movable(loop->requests);
+    rb_gc_mark(loop->early_unblock);
+    rb_gc_mark(loop->launcher);
+    rb_gc_mark(loop->launch_caller);
+    rb_gc_mark(loop->launch_error);
+    EACH_WAITER(&loop->ready, ready_link, w) rb_gc_mark(w->fiber);
+    EACH_WAITER(&loop->operations, io_link, w) rb_gc_mark(w->fiber);
+    for (size_t i = 0; i < loop->timers.size; i++) {
+        struct evt_timer *timer = loop->timers.heap[i];
+        if (timer->kind == EVT_TIMER_WAITER) {
+            rb_gc_mark(evt_container_of(timer, struct evt_waiter, timer)->fiber);
+        }
+        else {
+            struct evt_timeout *timeout = evt_container_of(timer, struct evt_timeout, timer);
+            rb_gc_mark(timeout->fiber);
+            rb_gc_mark(timeout->exception);
+        }
+    }
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        struct evt_registration *reg = loop->registrations[fd];
+        if (!reg) continue;
+        if (!NIL_P(reg->closing)) {
+            if (evt_io_closed(reg->closing)) reg->closing = Qnil; /* Ruby's own checks see it now */
+            else rb_gc_mark_movable(reg->closing);
+        }
+        if (evt_list_empty(&reg->waiters)) {
+            reg->io = Qnil;
+            continue;
+        }
+        rb_gc_mark_movable(reg->io);
+        EACH_WAITER(&reg->waiters, io_link, w) rb_gc_mark(w->fiber);
+    }
+    if (loop->unblockable) st_foreach(loop->unblockable, mark_key, 0);
+}
+
+static void
+loop_compact(void *ptr)
+{
+    struct evt_loop *loop = ptr;
+    loop->self = rb_gc_location(loop->self);
+    loop->loop_fiber = rb_gc_location(loop->loop_fiber);
+    loop->current = rb_gc_location(loop->current);
+    loop->thread = rb_gc_location(loop->thread);
+    loop->requests = rb_gc_location(loop->requests);
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        struct evt_registration *reg = loop->registrations[fd];
+        if (!reg) continue;
+        reg->io = rb_gc_location(reg->io);
+        reg->closing = rb_gc_location(reg->closing);
+    }
+}
+
+/* A transfer still in the kernel, or NULL. */
+static struct evt_op *
+pending_op(struct evt_loop *loop)
+{
+    EACH_WAITER(&loop->operations, io_link, w) {
+        if (w->op && w->op->pending) return w->op;
+    }
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        if (!loop->registrations[fd]) continue;
+        EACH_WAITER(&loop->registrations[fd]->waiters, io_link, w) {
+            if (w->op && w->op->pending) return w->op;
+        }
+    }
+    return NULL;
+}
+
+void
+evt_loop_close_backend(struct evt_loop *loop)
+{
+    if (!loop->backend_data) return;
+    /* Closing a ring does not wait for what is in it: every transfer still there is cancelled and
+     * reaped first (its fiber wakes), so nothing is written into its memory afterwards. Not in a
+     * forked child, where they are the parent's, in the parent's memory. */
+    struct evt_op *op;
+    while (loop->kernel_ops && loop->forks == evt_forks && (op = pending_op(loop))) loop->backend->cancel(loop, op);
+    loop->backend->close(loop);
+    loop->backend_data = NULL;
+    evt_wakeup_close(&loop->wakeup);
+    /* Whatever the kernel knew is gone with its objects. */
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        struct evt_registration *reg = loop->registrations[fd];
+        if (!reg) continue;
+        reg->armed = 0;
+        evt_backend_slot_clear(&reg->slot);
+    }
+}
+
+static void
+loop_free(void *ptr)
+{
+    struct evt_loop *loop = ptr;
+    evt_list_remove(&loop->link);
+    evt_loop_close_backend(loop);
+    /* Only the heap waiters: the others live on fiber stacks that may already be gone. */
+    EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);
+    for (int fd = 0; fd < loop->registrations_size; fd++) ruby_xfree(loop->registrations[fd]);
+    ruby_xfree(loop->registrations);
+    evt_timers_free(&loop->timers);
+    if (loop->unblockable) st_free_table(loop->unblockable);
+    ruby_xfree(loop->fired);
+    ruby_xfree(loop);
+}
+
+static size_t
+loop_memsize(const void *ptr)
+{
+    const struct evt_loop *loop = ptr;
+    size_t size = sizeof(*loop) + loop->timers.capacity * sizeof(struct evt_timer *);
+    size += (size_t)loop->fired_capacity * sizeof(struct evt_fired);
+    size += loop->registrations_size * sizeof(struct evt_registration *);
+    for (int fd = 0; fd < loop->registrations_size; fd++)
+        if (loop->registrations[fd]) size += sizeof(struct evt_registration);
+    if (loop->unblockable) size += st_memsize(loop->unblockable);
+    return size;
+}
+
+/* A loop with transfers in the kernel must not be collected: its fibers' stacks and IOs (which the
+ * loop keeps marked) hold the memory the kernel writes into, and freeing the loop would close the
+ * ring without waiting for them. A loop abandoned in that state (never run again, never closed)
+ * stays, with what it holds: a leak, never a write into freed memory. */
+static void
+loop_registry_mark(void *unused)
+{
+    for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
+        struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
+        if (loop->kernel_ops) rb_gc_mark(loop->self);
+    }
+}
+
+static const rb_data_type_t loop_registry_type = {
+    .wrap_struct_name = "Evt::Loop registry",
+    .function = {.dmark = loop_registry_mark},
+    .flags = RUBY_TYPED_FREE_IMMEDIATELY,
+};
+
+static VALUE loop_registry = Qnil;
+
+static const rb_data_type_t loop_type = {
+    .wrap_struct_name = "Evt::Loop",
+    .function = {
+        .dmark = loop_mark,
+        .dfree = loop_free,
+        .dsize = loop_memsize,
+        .dcompact = loop_compact,
+    },
+    .flags = RUBY_TYPED_FREE_IMMEDIATELY,
+};
+
+VALUE
+evt_loop_alloc(VALUE klass)
+{
+    struct evt_loop *loop;
+    VALUE self = TypedData_Make_Struct(klass, struct evt_loop, &loop_type, loop);
+    loop->self = self;
+    loop->loop_fiber = Qnil;
+    loop->current = Qnil;
+    loop->thread = Qnil;
+    loop->requests = Qnil;
+    loop->early_unblock = Qnil;
+    loop->launcher = loop->launch_caller = loop->launch_error = Qnil;
+    evt_list_append(&evt_loops, &loop->link);
+    evt_list_init(&loop->ready);
+    evt_list_init(&loop->allocated);
+    evt_list_init(&loop->operations);
+    evt_timers_init(&loop->timers);
+    loop->unblockable = st_init_numtable();
+    loop->wakeup.read_fd = loop->wakeup.write_fd = -1;
+    loop->fired_capacity = EVT_FIRED_INITIAL;
+    loop->fired = ALLOC_N(struct evt_fired, loop->fired_capacity);
+    loop->forks = evt_forks;
+    return self;
+}
+
+void
+evt_loop_open(struct evt_loop *loop)
+{
+    int err = evt_wakeup_open(&loop->wakeup);
+    if (err == 0 && (err = loop->backend->open(loop)) < 0) evt_wakeup_close(&loop->wakeup);
+    if (err < 0) rb_syserr_fail_str(-err, rb_sprintf("evt: opening the %s backend", loop->backend->name));
+    loop->forks = evt_forks;
+    /* After a close with fibers still waiting, the new kernel objects must watch for them too. */
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        struct evt_registration *reg = loop->registrations[fd];
+        if (reg && reg->events) evt_registration_arm(loop, fd, reg);
+    }
+}
+
+/* In a forked child: the kernel objects are the parent's, and so are the fibers waiting in them.
+ * Like the parent's other threads, those fibers do not go on in the child; the forking fiber,
+ * which Ruby made the child's root fiber, now drives the loop. */
+static void
+loop_after_fork(struct evt_loop *loop)
+{
+    evt_loop_close_backend(loop);
+    EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);
+    evt_list_init(&loop->allocated);
+    evt_list_init(&loop->operations);
+    loop->kernel_ops = 0; /* the parent's, in the parent's ring */
+    evt_list_init(&loop->ready);
+    loop->ready_count = 0;
+    evt_timers_clear(&loop->timers);
+    st_clear(loop->unblockable);
+    loop->requests = Qnil; /* the other threads are not in the child */
+    loop->has_requests = 0;
+    loop->early_unblock = Qnil;
+    loop->launcher = Qnil; /* perhaps another thread's, which the child has not */
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        struct evt_registration *reg = loop->registrations[fd];
+        if (!reg) continue;
+        evt_list_init(&reg->waiters);
+        reg->io = Qnil;
+        reg->closing = Qnil;
+        reg->events = 0;
+        reg->counts[0] = reg->counts[1] = reg->counts[2] = 0;
+    }
+    loop->waiting = 0;
+    loop->blocked = 0;
+    loop->woken = 0;
+    loop->running = 0;
+    loop->loop_fiber = loop->current = rb_fiber_current();
+    loop->thread = rb_thread_current();
+    loop->forks = evt_forks;
+}
+
+/* The loop, after any fork; the kernel objects may still be closed. */
+struct evt_loop *
+evt_loop_check(VALUE self)
+{
+    struct evt_loop *loop = evt_loop_of(self);
+    if (RB_UNLIKELY(!loop->backend)) rb_raise(rb_eRuntimeError, "evt: the scheduler is not initialized");
+    if (RB_UNLIKELY(loop->forks != evt_forks)) loop_after_fork(loop);
+    return loop;
+}
+
+/* The loop, for its own thread. A scheduler belongs to one thread; an idle one (no fiber waits in
+ * it) moves to the thread that uses it next, as when it is made in one thread and set in another. */
+struct evt_loop *
+evt_loop_owned(VALUE self)
+{
+    struct evt_loop *loop = evt_loop_check(self);
+    VALUE thread = rb_thread_current();
+    if (RB_UNLIKELY(thread != loop->thread)) {
+        if (loop->waiting || loop->running)
+            rb_raise(rb_eThreadError, "evt: this scheduler belongs to another thread, where fibers wait in it");
+        loop->thread = thread;
+        loop->loop_fiber = loop->current = rb_fiber_current();
+        loop->launcher = Qnil; /* a fiber belongs to its thread */
+        evt_loop_close_backend(loop); /* reopened by the new thread: a ring may take one submitter only */
+    }
+    return loop;
+}
+
+/* The loop, ready to use by its thread: a closed one opens again. */
+struct evt_loop *
+evt_loop_get(VALUE self)
+{
+    struct evt_loop *loop = evt_loop_owned(self);
+    if (RB_UNLIKELY(!loop->backend_data)) evt_loop_open(loop);
+    return loop;
+}
+
+/* The loop of an Evt::Loop, as it is (not initialized, or inherited by a fork). */
+struct evt_loop *
+evt_loop_of(VALUE self)
+{
+    return rb_check_typeddata(self, &loop_type);
+}
+
+void
+evt_object_init(void)
+{
+    rb_gc_register_address(&loop_registry);
+    loop_registry = TypedData_Wrap_Struct(0, &loop_registry_type, NULL);
+    pthread_atfork(NULL, NULL, evt_atfork_child);
+}
