@@ -298,11 +298,59 @@ class CloseTest < Minitest::Test
     [r, w].each { |io| io&.close }
   end
 
-  def test_fiber_interrupt_needs_a_fiber
+  def test_fiber_interrupt_needs_a_fiber_or_a_stand_in
     evt do
       error = assert_raises(TypeError) { Fiber.scheduler.fiber_interrupt(nil, IOError.new) }
-      assert_match(/needs a Fiber, not NilClass/, error.message)
+      assert_match(/needs a Fiber, or an object that answers alive\?, raise and transfer; NilClass does not answer alive\?/,
+                   error.message)
+      half = Struct.new(:fiber) { def alive? = fiber.alive? }.new(Fiber.current)
+      error = assert_raises(TypeError) { Fiber.scheduler.fiber_interrupt(half, IOError.new) }
+      assert_match(/does not answer raise/, error.message)
     end
+  end
+
+  # A stand-in for a fiber (scheduler interface 5, ruby/ruby#18793): anything that answers alive?,
+  # raise and transfer, as a wrapper around a fiber does.
+  class FiberStandIn
+    attr_reader :raised
+
+    def initialize(fiber)
+      @fiber = fiber
+    end
+
+    def alive? = @fiber.alive?
+
+    def raise(exception)
+      @raised = exception
+      @fiber.raise(exception)
+    end
+
+    def transfer(*arguments) = @fiber.transfer(*arguments)
+  end
+
+  def test_fiber_interrupt_takes_a_stand_in_for_a_fiber
+    r, w = IO.pipe
+    error = IOError.new("through the stand-in")
+    outcome = stand_in = nil
+    after = false
+    evt do
+      reader = Fiber.schedule do
+        r.read(1)
+      rescue IOError => e
+        outcome = e
+      end
+      stand_in = FiberStandIn.new(reader)
+      Fiber.schedule do
+        Fiber.scheduler.fiber_interrupt(stand_in, error)
+        sleep 0 # the loop serves the interrupt on its next turn, and comes back to this fiber
+        after = true
+      end
+    end
+    assert_same error, outcome
+    assert_same error, stand_in.raised, "the loop must go through the stand-in's raise"
+    assert after, "the fiber that asked must run on"
+  ensure
+    [r, w].each { |io| io&.close }
   end
 
   def test_fiber_interrupt_from_another_thread

@@ -81,8 +81,24 @@ static VALUE
 interrupt_fiber(VALUE ptr)
 {
     struct interrupt *interrupt = (struct interrupt *)ptr;
-    raise_into(interrupt->loop, interrupt->fiber, interrupt->exception);
+    if (rb_obj_is_fiber(interrupt->fiber)) {
+        raise_into(interrupt->loop, interrupt->fiber, interrupt->exception);
+    }
+    else {
+        /* A stand-in for a fiber (fiber_interrupt): its raise switches to the fiber inside, which the
+         * loop cannot name; `current` stays nil meanwhile, so that fiber's unwinding readies no one. */
+        interrupt->loop->current = Qnil;
+        rb_funcall(interrupt->fiber, rb_intern("raise"), 1, interrupt->exception);
+        interrupt->loop->current = interrupt->loop->loop_fiber;
+    }
     return Qnil;
+}
+
+/* Whether the target of an interrupt (a Fiber, or a stand-in for one) still runs. */
+static int
+interruptible(VALUE fiber)
+{
+    return RTEST(rb_obj_is_fiber(fiber) ? rb_fiber_alive_p(fiber) : rb_funcall(fiber, rb_intern("alive?"), 0));
 }
 
 static VALUE
@@ -114,7 +130,7 @@ serve_requests(struct evt_loop *loop, int interrupts)
         VALUE fiber = RARRAY_AREF(request, 0), exception = RARRAY_AREF(request, 1);
         if (fiber == rb_fiber_current()) own = exception;
         /* As timeout_after does: control comes back when that fiber waits again or ends. */
-        else if (RTEST(rb_fiber_alive_p(fiber))) {
+        else if (interruptible(fiber)) {
             struct interrupt interrupt = {loop, fiber, exception};
             rb_rescue2(interrupt_fiber, (VALUE)&interrupt, fiber_gone, (VALUE)&interrupt, eFiberError, 0);
         }

@@ -236,7 +236,8 @@ enum evt_outcome evt_suspend(struct evt_wait *wait);
  *   object.c   the loop object: memory, GC, kernel objects, fork, owner thread, the list of loops
  *   close.c    closing IOs waited on, and requests from other threads
  *   loop.c     suspension and the run loop
- *   hooks.c    the scheduler hooks
+ *   io.c       the IO hooks: io_wait and the transfers, one primitive under both interfaces
+ *   hooks.c    the other scheduler hooks
  *   evt.c      Evt::Loop's other methods, Init_evt */
 
 /* waiters.c */
@@ -282,6 +283,11 @@ void evt_close_init(VALUE mEvt);
 /* Runs the loop until no fiber waits, or until `until` (the loop fiber's own waiter) is resumed. */
 void evt_loop_run(struct evt_loop *loop, struct evt_waiter *until);
 void evt_loop_core_init(void);
+
+/* io.c */
+/* nil -> -1 (no limit); otherwise nanoseconds, with Kernel#sleep's errors for bad values. */
+int64_t evt_timeout_ns(VALUE timeout);
+void evt_io_hooks_init(VALUE cLoop);
 
 /* hooks.c */
 void evt_hooks_init(VALUE cLoop);
