@@ -96,59 +96,56 @@ module Evt
     # A timeout_after in progress: raises +exception+ in +fiber+ when its timer fires.
     Timeout = Struct.new(:fiber, :exception)
 
-    # The timer heap: a binary min-heap on [deadline, sequence]. Removal is lazy (a cancelled timer
-    # stays until it surfaces), with a rebuild when cancelled timers outnumber live ones.
+    # The timer heap, as ext/evt/timers.c has it: a binary min-heap on [deadline, sequence] whose
+    # timers know their index in it, so a timer leaves at once, by its index, with no search and
+    # nothing left behind to skip later. Equal deadlines fire in the order they were added.
     class Timers
-      Timer = Struct.new(:deadline, :sequence, :target, :cancelled)
+      # +index+: the timer's position in the heap, nil when it is not in it.
+      Timer = Struct.new(:deadline, :sequence, :target, :index)
 
       def initialize
         @heap = []
-        @sequence = 0
-        @cancelled = 0
+        @sequence = 0 # not reset by #clear, as in C: only its order matters
       end
 
       def add(deadline, target)
-        timer = Timer.new(deadline, @sequence += 1, target, false)
-        @heap << timer
-        sift_up(@heap.size - 1)
+        timer = Timer.new(deadline, @sequence, target, nil)
+        @sequence += 1
+        place(@heap.size, timer)
+        sift_up(timer.index)
         timer
       end
 
-      def cancel(timer)
-        return if timer.cancelled
-
-        timer.cancelled = true
-        @cancelled += 1
-        rebuild if @cancelled > 64 && @cancelled * 2 > @heap.size
-      end
-
-      # The earliest live timer, or nil.
-      def first
-        pop while (top = @heap.first) && top.cancelled
-        top
-      end
-
-      # Takes the earliest timer out; a later #cancel of it does nothing.
-      def pop
-        top = @heap.first or return
+      # Takes +timer+ out of the heap; nothing when it is not in it (it fired, or left already). The
+      # last timer takes its place and moves up or down from there.
+      def remove(timer)
+        index = timer.index or return
+        timer.index = nil
         last = @heap.pop
-        unless @heap.empty?
-          @heap[0] = last
-          sift_down(0)
+        return if index == @heap.size
+
+        place(index, last)
+        if index.positive? && earlier?(last, @heap[(index - 1) / 2]) then sift_up(index)
+        else sift_down(index)
         end
-        if top.cancelled then @cancelled -= 1
-        else top.cancelled = true
-        end
-        top
       end
 
-      def live
-        @heap.reject(&:cancelled)
+      # The earliest timer, or nil.
+      def first
+        @heap.first
+      end
+
+      def each(&block)
+        @heap.each(&block)
+      end
+
+      def size
+        @heap.size
       end
 
       def clear
+        @heap.each { |timer| timer.index = nil }
         @heap.clear
-        @cancelled = 0
       end
 
       private
@@ -157,32 +154,36 @@ module Evt
         a.deadline < b.deadline || (a.deadline == b.deadline && a.sequence < b.sequence)
       end
 
-      def sift_up(i)
-        while i.positive?
-          parent = (i - 1) / 2
-          break unless earlier?(@heap[i], @heap[parent])
-
-          @heap[i], @heap[parent] = @heap[parent], @heap[i]
-          i = parent
-        end
+      def place(index, timer)
+        @heap[index] = timer
+        timer.index = index
       end
 
-      def sift_down(i)
+      # Moves the timer at +index+ up until its parent is earlier, shifting the parents down.
+      def sift_up(index)
+        timer = @heap[index]
+        while index.positive?
+          parent = (index - 1) / 2
+          break unless earlier?(timer, @heap[parent])
+
+          place(index, @heap[parent])
+          index = parent
+        end
+        place(index, timer)
+      end
+
+      # Moves the timer at +index+ down until no child is earlier, shifting the earlier child up.
+      def sift_down(index)
+        timer = @heap[index]
         size = @heap.size
-        while (left = (2 * i) + 1) < size
+        while (child = (2 * index) + 1) < size
+          child += 1 if child + 1 < size && earlier?(@heap[child + 1], @heap[child])
+          break unless earlier?(@heap[child], timer)
 
-          child = left + 1 < size && earlier?(@heap[left + 1], @heap[left]) ? left + 1 : left
-          break unless earlier?(@heap[child], @heap[i])
-
-          @heap[i], @heap[child] = @heap[child], @heap[i]
-          i = child
+          place(index, @heap[child])
+          index = child
         end
-      end
-
-      def rebuild
-        @heap = live
-        @cancelled = 0
-        (@heap.size / 2 - 1).downto(0) { |i| sift_down(i) }
+        place(index, timer)
       end
     end
 
@@ -419,7 +420,7 @@ module Evt
       begin
         yield(duration)
       ensure
-        @timers.cancel(timer)
+        @timers.remove(timer) # nothing when it fired
       end
     end
 
@@ -804,7 +805,7 @@ module Evt
     def detach(waiter)
       # An IO's list stays while it is empty: the next wait drops it, unless a waiter came back.
       waiter.each_watch { |io, _| @watched[io]&.delete(waiter) }
-      @timers.cancel(waiter.timer) if waiter.timer
+      @timers.remove(waiter.timer) if waiter.timer
       waiter.timer = nil
       if waiter.unblockable
         @unblockable.delete(waiter.fiber) if @unblockable[waiter.fiber].equal?(waiter)
@@ -941,14 +942,15 @@ module Evt
 
     def fire_timers(time)
       while (timer = @timers.first) && timer.deadline <= time
-        @timers.pop
         target = timer.target
         if target.is_a?(Timeout)
           # Raised in the fiber, wherever it waits; control comes back when it waits again or ends.
+          @timers.remove(timer)
           target.fiber.raise(target.exception)
+        elsif target.state == :waiting
+          wake(target, TIMED_OUT) # which takes its timer out
         else
-          target.timer = nil
-          wake(target, TIMED_OUT)
+          @timers.remove(timer)
         end
       end
     end
@@ -1094,7 +1096,7 @@ module Evt
       check
       fibers = {}.compare_by_identity
       @ready.each { |waiter| fibers[waiter.fiber] = true if waiter.state == :ready }
-      @timers.live.each do |timer|
+      @timers.each do |timer|
         target = timer.target
         fibers[target.fiber] = true if target.is_a?(Waiter)
       end
