@@ -130,6 +130,28 @@ class LoopParityTest < Minitest::Test
     end
   end
 
+  # Two timeouts due in one pass: each raises in its fiber in turn, and the first fiber, ready again
+  # by then (sleep 0), keeps its place in the ready queue behind w, which yields round by round. (The
+  # loop must know which fiber it raised into: taking the first for one that switched to the second
+  # would ready it out of turn.)
+  def test_timeouts_due_together_raise_in_turn_and_keep_the_ready_order
+    expected = [[:w, 0], [:w, 1], [:x, [:raised, Timeout::Error, "execution expired"]],
+                [:y, [:raised, Timeout::Error, "execution expired"]], [:w, 2], [:x, 1], [:w, 3], [:x, 2]]
+    assert_trace(expected) do |t|
+      Fiber.schedule do
+        t << [:x, outcome { Timeout.timeout(0.01) { sleep 10 } }]
+        sleep 0
+        t << [:x, 1]
+        sleep 0
+        t << [:x, 2]
+      end
+      Fiber.schedule { t << [:y, outcome { Timeout.timeout(0.02) { sleep 10 } }] }
+      Fiber.schedule { 4.times { |i| t << [:w, i]; sleep 0 } }
+      due = monotonic + 0.02 # not a synchronisation: both deadlines pass before the loop runs
+      sleep 0.001 while monotonic <= due
+    end
+  end
+
   # A timeout whose block ended, and a sleep ended by an unblock, leave no timer behind: the next,
   # longer waits of those fibers last past c's shorter sleep.
   def test_timers_removed_before_they_are_due_never_fire

@@ -849,6 +849,20 @@ module Evt
       @current = @loop_fiber
     end
 
+    # Raises +exception+ in +fiber+ from the loop fiber: a switch to it, as #switch_to's, so @current
+    # names it until it waits again or ends (when control comes back here). Else its unwinding would
+    # take whichever fiber @current named last for the one that switched to it, and ready that one
+    # out of its turn (see raise_into in loop.c).
+    def raise_into(fiber, exception)
+      @current = fiber
+      # Its wait is over, as if the loop had resumed it: an unblock meant for that wait must not end
+      # a later one (see #unblock).
+      @resumes[fiber] = (@resumes[fiber] || 0) + 1 if @resumes
+      fiber.raise(exception)
+    ensure
+      @current = @loop_fiber
+    end
+
     # Starts +fiber+ from the loop fiber through a non-blocking launcher fiber, which makes the first
     # switch into it and hands back a FiberError: CRuby 3.3 and 3.4 leave the thread's count of
     # blocking fibers lowered when a blocking fiber's switch into a new fiber fails (see launch in
@@ -946,7 +960,7 @@ module Evt
         if target.is_a?(Timeout)
           # Raised in the fiber, wherever it waits; control comes back when it waits again or ends.
           @timers.remove(timer)
-          target.fiber.raise(target.exception)
+          raise_into(target.fiber, target.exception)
         elsif target.state == :waiting
           wake(target, TIMED_OUT) # which takes its timer out
         else
@@ -1080,7 +1094,7 @@ module Evt
           elsif subject.alive?
             # Not with #rescuing: the fiber must come back to the loop fiber, not to a helper.
             begin
-              subject.raise(argument)
+              raise_into(subject, argument)
             rescue FiberError
               nil # not suspended any more (it resumed another fiber): nothing to interrupt
             end
