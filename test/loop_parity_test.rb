@@ -255,6 +255,37 @@ class LoopParityTest < Minitest::Test
     end
   end
 
+  # The close flushes a buffered write to a full pipe, and waits for room: the fiber waiting on the
+  # same IO has been told already (C wakes waiters before the close begins), and raises while the
+  # closer still waits.
+  def close_while_flushing(how)
+    expected = [[:closer, :closing], [:drainer, false], [:waiter, closed], [:closer, :closed]]
+    assert_trace(expected) do |t|
+      r, w = pipe
+      fill(w)
+      w.sync = false
+      w.write("tail") # buffered: the close writes it
+      Fiber.schedule { t << [:waiter, outcome { w.wait_writable }] }
+      Fiber.schedule do
+        t << [:closer, :closing]
+        w.public_send(how)
+        t << [:closer, :closed]
+      end
+      Fiber.schedule do
+        t << [:drainer, w.closed?]
+        drain(r)
+      end
+    end
+  end
+
+  def test_close_tells_the_waiters_before_it_flushes
+    close_while_flushing(:close)
+  end
+
+  def test_close_write_tells_the_waiters_before_it_flushes
+    close_while_flushing(:close_write)
+  end
+
   def test_close_read_of_a_pipe_wakes_its_readers
     expected = [[:closer, :closed], [:reader, closed]]
     assert_trace(expected) do |t|

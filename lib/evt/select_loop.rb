@@ -5,6 +5,11 @@ begin
 rescue LoadError
   nil # no IO#nonblock? here: every descriptor counts as non-blocking
 end
+begin
+  require "fcntl" # now: loading it in IO#close_read would read files through the scheduler
+rescue LoadError
+  nil # no fcntl here: IO#close_read and #close_write guess (see SelectLoop.closes_for?)
+end
 
 module Evt
   # The `select` backend: the whole event loop in pure Ruby on IO.select, for platforms where the C
@@ -199,11 +204,69 @@ module Evt
         @forks += 1
       end
 
-      # IO#close (and close_read, close_write) of +io+, from any thread: the waiters on that IO
-      # object, in every select loop, raise IOError.
+      # IO#close (and close_read, close_write) of +io+, from any thread, before the descriptor
+      # closes (see evt_io_closing in loop.c): the waiters on that IO object, in every select loop
+      # that knows it, raise IOError. The block, if given, says whether the call closes the
+      # descriptor at all; it is asked only when a loop knows +io+ (it may cost system calls).
       def closing(io)
-        LOOPS.each_key { |loop| loop.__send__(:io_closing, io) }
+        closes = nil
+        LOOPS.each_key do |loop|
+          next unless loop.__send__(:knows?, io)
+
+          closes = !block_given? || yield if closes.nil?
+          loop.__send__(:io_closing, io) if closes
+        end
       end
+
+      # Once +io+ is closed, the loops that still know it hear of it again: a fiber may have begun
+      # to wait on it during the close (while it flushed), or Ruby closed it in C, past these
+      # methods (close_read of a socket already shut down for writing closes it). IO.select does
+      # not notice a descriptor closed under it.
+      def closed(io)
+        return unless io.closed?
+
+        LOOPS.each_key { |loop| loop.__send__(:io_closing, io) if loop.__send__(:knows?, io) }
+      end
+
+      # The IO that IO.popen's "r+" IO writes through, while it is open: Ruby keeps it in an
+      # instance variable (close.c reads rb_io_t's tied_io_for_writing).
+      def write_io(io)
+        tied = io.instance_variable_get(:@tied_io_for_writing)
+        tied unless tied.nil? || tied.closed?
+      end
+
+      # Whether close_read (+direction+ :read) or close_write (:write) of +io+ closes its descriptor,
+      # as close.c decides: not for a socket (shut down instead, which its waiters see as end of
+      # file or an error), nor for an IO open for the other direction only (IOError). Ruby's own
+      # mode for the IO is not visible from Ruby: the descriptor's access mode stands in for it,
+      # the same but for an IO.new narrower than its descriptor; unknown (no fcntl), it closes.
+      def closes_for?(io, direction)
+        return false if socket?(io)
+
+        mode = access_mode(io)
+        mode.nil? || mode != (direction == :read ? File::WRONLY : File::RDONLY)
+      end
+
+      private
+
+      # As close.c's is_socket: fstat, so an IO.for_fd of a socket is one too. Blocking, as in C:
+      # Ruby 3.4 would hand it to blocking_operation_wait, on another thread, and the closer would
+      # wait for it while the fibers it has yet to tell go on.
+      def socket?(io)
+        Fiber.blocking { io.stat.socket? }
+      rescue StandardError
+        defined?(BasicSocket) ? io.is_a?(BasicSocket) : false
+      end
+
+      def access_mode(io)
+        return unless defined?(Fcntl::O_ACCMODE)
+
+        Fiber.blocking { io.fcntl(Fcntl::F_GETFL) } & Fcntl::O_ACCMODE # blocking: see #socket?
+      rescue StandardError, NotImplementedError
+        nil
+      end
+
+      public
 
       # Prepends {CloseWatch} and {ReadNonblockWatch} to IO, once: only processes that use a
       # select loop pay for them.
@@ -231,26 +294,41 @@ module Evt
     Process.singleton_class.prepend(ForkWatch)
 
     # Prepended to IO once the first select loop exists: Ruby 3.3 and 3.4 call no scheduler hook on
-    # close. The waiters are told after the descriptor is closed (IO.select holds nothing of it).
+    # close. As ext/evt/close.c does for the C loop, and on the same conditions, the waiters are
+    # told before the descriptor closes: a close may wait itself (flushing a buffered write to a full
+    # pipe), and the fibers waiting on the IO must not go on meanwhile as if it were still open.
     module CloseWatch
+      # The waiters on this IO, and on the IO its writes go to (IO.popen's "r+"), first.
       def close
+        unless closed?
+          SelectLoop.closing(self)
+          write_io = SelectLoop.write_io(self)
+          SelectLoop.closing(write_io) if write_io
+        end
         Thread.current[:__evt_inline_offload] = true # close(2) runs here (Scheduling#blocking_operation_wait)
         super
       ensure
         Thread.current[:__evt_inline_offload] = nil
-        SelectLoop.closing(self)
+        SelectLoop.closed(self)
+        SelectLoop.closed(write_io) if write_io
       end
 
+      # Closes the descriptor unless it is a socket (shut down instead, which wakes the readers with
+      # end of file) or an IO only for writing (IOError).
       def close_read
+        SelectLoop.closing(self) { SelectLoop.closes_for?(self, :read) } unless closed?
         super
       ensure
-        SelectLoop.closing(self) if closed?
+        SelectLoop.closed(self)
       end
 
+      # The same for the IO writes go to.
       def close_write
+        write_io = SelectLoop.write_io(self) || self
+        SelectLoop.closing(write_io) { SelectLoop.closes_for?(write_io, :write) } unless write_io.closed?
         super
       ensure
-        SelectLoop.closing(self) if closed?
+        SelectLoop.closed(write_io) if write_io
       end
     end
 
@@ -281,6 +359,7 @@ module Evt
       @ready = []
       @timers = Timers.new
       @watched = {}.compare_by_identity # io => {waiter => events}
+      @closing = {}.compare_by_identity # io => true: another thread closes it (see #close_io)
       @blocking_modes = ObjectSpace::WeakMap.new # io => whether its descriptor is in blocking mode
       @resumes = nil # fiber => how often the loop resumed it, once another thread unblocks
       @unblockable = {}.compare_by_identity # fiber => waiter
@@ -555,6 +634,7 @@ module Evt
       @ready = []
       @timers.clear
       @watched.clear
+      @closing.clear
       @unblockable.clear
       @waiting = 0
       @running = 0
@@ -763,6 +843,12 @@ module Evt
         case kind
         when :io, :select
           waiter.each_watch do |io, events|
+            next unless waiter.state == :waiting # ended by one of its IOs already
+
+            if closing?(io)
+              wake(waiter, CLOSED)
+              next
+            end
             list = (@watched[io] ||= {}.compare_by_identity)
             list[waiter] = list.fetch(waiter, 0) | events
           end
@@ -976,6 +1062,8 @@ module Evt
         close_pipe
         open_backend
       end
+      # Marked closed by now, mostly: Ruby's own checks see them (loop_mark in loop.c forgets them so).
+      @closing.delete_if { |io, _| io.closed? } unless @closing.empty?
       readers = [@wakeup_r]
       writers = []
       priority = []
@@ -993,7 +1081,7 @@ module Evt
         priority << io if events.anybits?(IO::PRIORITY)
         false
       end
-      closed&.each { |io| io_closing(io) }
+      closed&.each { |io| close_io(io, elsewhere: false) }
       return unless closed.nil? # their fibers are ready now
 
       @blocked = true
@@ -1063,15 +1151,37 @@ module Evt
       signal if Thread.current != @thread # always: the loop may be on its way into IO.select
     end
 
-    # IO#close of +io+ (see {.closing}).
-    def io_closing(io)
-      return if @forks != SelectLoop.forks || @watched[io].nil? || @watched[io].empty?
+    # Whether a fiber waits on +io+, or did until the loop's last turn (see knows in loop.c): another
+    # thread closing it tells the loop even when no fiber waits right now, as one may be about to.
+    # Asked from any thread.
+    def knows?(io)
+      @forks == SelectLoop.forks && @watched.key?(io)
+    end
 
-      if Thread.current == @thread
-        @watched[io]&.dup&.each { |waiter, _| wake(waiter, CLOSED) }
-      else
-        request(:closed, io, nil)
+    # IO#close of +io+ (see {.closing}), before the descriptor closes: on the loop's own thread its
+    # waiters are woken at once, another thread's loop is asked to.
+    def io_closing(io)
+      if Thread.current == @thread then close_io(io, elsewhere: false)
+      else request(:closed, io, nil)
       end
+    end
+
+    # Wakes the loop's waiters on +io+ with CLOSED, on the loop's own thread (see loop_close_io in
+    # loop.c). +elsewhere+: for another thread, which may not have marked io closed yet: until it
+    # has, a new wait on io ends at once too (see #closing?).
+    def close_io(io, elsewhere:)
+      @closing[io] = true if elsewhere && !io.closed?
+      list = @watched[io] or return
+      list.keys.each { |waiter| wake(waiter, CLOSED) }
+    end
+
+    # Whether another thread closes +io+ and has not marked it closed yet.
+    def closing?(io)
+      return false if @closing.empty? || !@closing.key?(io)
+      return true unless io.closed?
+
+      @closing.delete(io) # Ruby's own checks see it now
+      false
     end
 
     # Serves the other threads' requests; fiber interrupts only when +interrupts+ (they switch
@@ -1084,7 +1194,7 @@ module Evt
         next if forks != @forks # made in the parent, before the fork
 
         case kind
-        when :closed then io_closing(subject)
+        when :closed then close_io(subject, elsewhere: true)
         when :unblock
           waiter = @unblockable[subject]
           wake(waiter, 1) if waiter && (@resumes[subject] || 0) == argument
