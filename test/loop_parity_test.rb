@@ -331,4 +331,15 @@ class LoopParityTest < Minitest::Test
       end
     end
   end
+
+  # Another thread closes the IO while the loop waits in the kernel: the waiter raises; the thread's
+  # end wakes the fiber that joins it.
+  def test_close_from_another_thread
+    expected = [[:joined], [:reader, closed]]
+    assert_trace(expected) do |t|
+      r, = pipe
+      Fiber.schedule { t << [:reader, outcome { r.read(1) }] }
+      Fiber.schedule { Thread.new { r.close }.join; t << [:joined] }
+    end
+  end
 end

@@ -1185,12 +1185,17 @@ module Evt
     end
 
     # Serves the other threads' requests; fiber interrupts only when +interrupts+ (they switch
-    # fibers: not while IO.select's result waits to be dispatched).
+    # fibers: not while IO.select's result waits to be dispatched). The unblocks come first: the C
+    # loop's #unblock readies the fiber there and then, under the GVL, while closes and interrupts
+    # wait for the loop's thread, so of the requests made during one wait the unblocked fibers run
+    # first there.
     def take_requests(interrupts:)
+      requests = []
+      requests << @requests.pop(true) until @requests.empty?
+      unblocks, others = requests.partition { |request| request.first == :unblock }
       later = []
       own = nil
-      until @requests.empty?
-        kind, subject, argument, forks = @requests.pop(true)
+      (unblocks + others).each do |kind, subject, argument, forks|
         next if forks != @forks # made in the parent, before the fork
 
         case kind
