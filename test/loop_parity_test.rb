@@ -207,6 +207,21 @@ class LoopParityTest < Minitest::Test
     end
   end
 
+  # An unblock for the fiber that runs (it has not blocked yet) is kept for its next block, which
+  # ends at once; any other wait in between drops it.
+  def test_an_unblock_for_the_running_fiber_is_kept_for_its_next_block
+    expected = [[:kept, true], [:dropped, false]]
+    assert_trace(expected) do |t|
+      Fiber.schedule do
+        Fiber.scheduler.unblock(nil, Fiber.current)
+        t << [:kept, Fiber.scheduler.block(nil, 0.05)]
+        Fiber.scheduler.unblock(nil, Fiber.current)
+        sleep 0
+        t << [:dropped, Fiber.scheduler.block(nil, 0.02)]
+      end
+    end
+  end
+
   # ---- io_select ----------------------------------------------------------------------------------
 
   def test_io_select_gives_the_ready_objects_of_each_array

@@ -363,6 +363,7 @@ module Evt
       @blocking_modes = ObjectSpace::WeakMap.new # io => whether its descriptor is in blocking mode
       @resumes = nil # fiber => how often the loop resumed it, once another thread unblocks
       @unblockable = {}.compare_by_identity # fiber => waiter
+      @early_unblock = nil # an unblock for the fiber running now, before it blocked (see #unblock)
       @requests = Thread::Queue.new # from other threads: [kind, subject, argument]
       @waiting = 0
       @running = 0
@@ -473,7 +474,13 @@ module Evt
       check
       if Thread.current == @thread
         waiter = @unblockable[fiber]
-        wake(waiter, 1) if waiter
+        if waiter then wake(waiter, 1)
+        elsif fiber == @current && !fiber.nil? && (fiber != @loop_fiber || @running.zero?)
+          # Running, not blocked yet: kept for its next block, as a thread's wakeup is kept for its
+          # next sleep (early_unblock in loop.h). Any other wait of it drops the unblock. (The loop
+          # fiber inside the loop is the loop at work, not running code.)
+          @early_unblock = fiber
+        end
       else
         # Served by the loop later, and only if it has not resumed the fiber since: else the block
         # this was meant for is over, and a later one must not end. (Looking the waiter up now
@@ -636,6 +643,7 @@ module Evt
       @watched.clear
       @closing.clear
       @unblockable.clear
+      @early_unblock = nil
       @waiting = 0
       @running = 0
       @blocked = false
@@ -838,6 +846,8 @@ module Evt
       forks = @forks
       waiter.state = :waiting
       @waiting += 1
+      unblocked = @early_unblock.equal?(waiter.fiber)
+      @early_unblock = nil if unblocked # for this wait if it is a block, else for none
       begin
         waiter.timer = @timers.add(now + timeout, waiter) if timeout
         case kind
@@ -857,6 +867,7 @@ module Evt
           end
         when :block
           make_unblockable(waiter)
+          wake(waiter, 1) if unblocked
         when :yield, :start
           wake(waiter, SPURIOUS)
         end
@@ -933,6 +944,7 @@ module Evt
       fiber.transfer
     ensure
       @current = @loop_fiber
+      @early_unblock = nil if @early_unblock.equal?(fiber) # it ended without waiting
     end
 
     # Raises +exception+ in +fiber+ from the loop fiber: a switch to it, as #switch_to's, so @current
@@ -975,6 +987,7 @@ module Evt
     ensure
       @current = @loop_fiber
       @launch_caller = nil
+      @early_unblock = nil if @early_unblock.equal?(fiber) # it ended without waiting
     end
 
     # Runs a new fiber at once, until it waits or ends.
