@@ -219,9 +219,10 @@ module Evt
       end
 
       # Once +io+ is closed, the loops that still know it hear of it again: a fiber may have begun
-      # to wait on it during the close (while it flushed), or Ruby closed it in C, past these
-      # methods (close_read of a socket already shut down for writing closes it). IO.select does
-      # not notice a descriptor closed under it.
+      # to wait on it during the close (while it flushed), or Ruby closed it where close.c's
+      # conditions say it does not (IO#close_read of a socket already shut down for writing closes
+      # it). IO.select does not notice a descriptor closed under it. (BasicSocket's own close_read
+      # and close_write never come here: the loop finds their IO closed on its next turn.)
       def closed(io)
         return unless io.closed?
 
