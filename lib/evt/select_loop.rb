@@ -5,6 +5,11 @@ begin
 rescue LoadError
   nil # no IO#nonblock? here: every descriptor counts as non-blocking
 end
+begin
+  require "fcntl" # now: loading it in IO#close_read would read files through the scheduler
+rescue LoadError
+  nil # no fcntl here: IO#close_read and #close_write guess (see SelectLoop.closes_for?)
+end
 
 module Evt
   # The `select` backend: the whole event loop in pure Ruby on IO.select, for platforms where the C
@@ -96,59 +101,56 @@ module Evt
     # A timeout_after in progress: raises +exception+ in +fiber+ when its timer fires.
     Timeout = Struct.new(:fiber, :exception)
 
-    # The timer heap: a binary min-heap on [deadline, sequence]. Removal is lazy (a cancelled timer
-    # stays until it surfaces), with a rebuild when cancelled timers outnumber live ones.
+    # The timer heap, as ext/evt/timers.c has it: a binary min-heap on [deadline, sequence] whose
+    # timers know their index in it, so a timer leaves at once, by its index, with no search and
+    # nothing left behind to skip later. Equal deadlines fire in the order they were added.
     class Timers
-      Timer = Struct.new(:deadline, :sequence, :target, :cancelled)
+      # +index+: the timer's position in the heap, nil when it is not in it.
+      Timer = Struct.new(:deadline, :sequence, :target, :index)
 
       def initialize
         @heap = []
-        @sequence = 0
-        @cancelled = 0
+        @sequence = 0 # not reset by #clear, as in C: only its order matters
       end
 
       def add(deadline, target)
-        timer = Timer.new(deadline, @sequence += 1, target, false)
-        @heap << timer
-        sift_up(@heap.size - 1)
+        timer = Timer.new(deadline, @sequence, target, nil)
+        @sequence += 1
+        place(@heap.size, timer)
+        sift_up(timer.index)
         timer
       end
 
-      def cancel(timer)
-        return if timer.cancelled
-
-        timer.cancelled = true
-        @cancelled += 1
-        rebuild if @cancelled > 64 && @cancelled * 2 > @heap.size
-      end
-
-      # The earliest live timer, or nil.
-      def first
-        pop while (top = @heap.first) && top.cancelled
-        top
-      end
-
-      # Takes the earliest timer out; a later #cancel of it does nothing.
-      def pop
-        top = @heap.first or return
+      # Takes +timer+ out of the heap; nothing when it is not in it (it fired, or left already). The
+      # last timer takes its place and moves up or down from there.
+      def remove(timer)
+        index = timer.index or return
+        timer.index = nil
         last = @heap.pop
-        unless @heap.empty?
-          @heap[0] = last
-          sift_down(0)
+        return if index == @heap.size
+
+        place(index, last)
+        if index.positive? && earlier?(last, @heap[(index - 1) / 2]) then sift_up(index)
+        else sift_down(index)
         end
-        if top.cancelled then @cancelled -= 1
-        else top.cancelled = true
-        end
-        top
       end
 
-      def live
-        @heap.reject(&:cancelled)
+      # The earliest timer, or nil.
+      def first
+        @heap.first
+      end
+
+      def each(&block)
+        @heap.each(&block)
+      end
+
+      def size
+        @heap.size
       end
 
       def clear
+        @heap.each { |timer| timer.index = nil }
         @heap.clear
-        @cancelled = 0
       end
 
       private
@@ -157,32 +159,36 @@ module Evt
         a.deadline < b.deadline || (a.deadline == b.deadline && a.sequence < b.sequence)
       end
 
-      def sift_up(i)
-        while i.positive?
-          parent = (i - 1) / 2
-          break unless earlier?(@heap[i], @heap[parent])
-
-          @heap[i], @heap[parent] = @heap[parent], @heap[i]
-          i = parent
-        end
+      def place(index, timer)
+        @heap[index] = timer
+        timer.index = index
       end
 
-      def sift_down(i)
+      # Moves the timer at +index+ up until its parent is earlier, shifting the parents down.
+      def sift_up(index)
+        timer = @heap[index]
+        while index.positive?
+          parent = (index - 1) / 2
+          break unless earlier?(timer, @heap[parent])
+
+          place(index, @heap[parent])
+          index = parent
+        end
+        place(index, timer)
+      end
+
+      # Moves the timer at +index+ down until no child is earlier, shifting the earlier child up.
+      def sift_down(index)
+        timer = @heap[index]
         size = @heap.size
-        while (left = (2 * i) + 1) < size
+        while (child = (2 * index) + 1) < size
+          child += 1 if child + 1 < size && earlier?(@heap[child + 1], @heap[child])
+          break unless earlier?(@heap[child], timer)
 
-          child = left + 1 < size && earlier?(@heap[left + 1], @heap[left]) ? left + 1 : left
-          break unless earlier?(@heap[child], @heap[i])
-
-          @heap[i], @heap[child] = @heap[child], @heap[i]
-          i = child
+          place(index, @heap[child])
+          index = child
         end
-      end
-
-      def rebuild
-        @heap = live
-        @cancelled = 0
-        (@heap.size / 2 - 1).downto(0) { |i| sift_down(i) }
+        place(index, timer)
       end
     end
 
@@ -198,11 +204,70 @@ module Evt
         @forks += 1
       end
 
-      # IO#close (and close_read, close_write) of +io+, from any thread: the waiters on that IO
-      # object, in every select loop, raise IOError.
+      # IO#close (and close_read, close_write) of +io+, from any thread, before the descriptor
+      # closes (see evt_io_closing in loop.c): the waiters on that IO object, in every select loop
+      # that knows it, raise IOError. The block, if given, says whether the call closes the
+      # descriptor at all; it is asked only when a loop knows +io+ (it may cost system calls).
       def closing(io)
-        LOOPS.each_key { |loop| loop.__send__(:io_closing, io) }
+        closes = nil
+        LOOPS.each_key do |loop|
+          next unless loop.__send__(:knows?, io)
+
+          closes = !block_given? || yield if closes.nil?
+          loop.__send__(:io_closing, io) if closes
+        end
       end
+
+      # Once +io+ is closed, the loops that still know it hear of it again: a fiber may have begun
+      # to wait on it during the close (while it flushed), or Ruby closed it where close.c's
+      # conditions say it does not (IO#close_read of a socket already shut down for writing closes
+      # it). IO.select does not notice a descriptor closed under it. (BasicSocket's own close_read
+      # and close_write never come here: the loop finds their IO closed on its next turn.)
+      def closed(io)
+        return unless io.closed?
+
+        LOOPS.each_key { |loop| loop.__send__(:io_closing, io) if loop.__send__(:knows?, io) }
+      end
+
+      # The IO that IO.popen's "r+" IO writes through, while it is open: Ruby keeps it in an
+      # instance variable (close.c reads rb_io_t's tied_io_for_writing).
+      def write_io(io)
+        tied = io.instance_variable_get(:@tied_io_for_writing)
+        tied unless tied.nil? || tied.closed?
+      end
+
+      # Whether close_read (+direction+ :read) or close_write (:write) of +io+ closes its descriptor,
+      # as close.c decides: not for a socket (shut down instead, which its waiters see as end of
+      # file or an error), nor for an IO open for the other direction only (IOError). Ruby's own
+      # mode for the IO is not visible from Ruby: the descriptor's access mode stands in for it,
+      # the same but for an IO.new narrower than its descriptor; unknown (no fcntl), it closes.
+      def closes_for?(io, direction)
+        return false if socket?(io)
+
+        mode = access_mode(io)
+        mode.nil? || mode != (direction == :read ? File::WRONLY : File::RDONLY)
+      end
+
+      private
+
+      # As close.c's is_socket: fstat, so an IO.for_fd of a socket is one too. Blocking, as in C:
+      # Ruby 3.4 would hand it to blocking_operation_wait, on another thread, and the closer would
+      # wait for it while the fibers it has yet to tell go on.
+      def socket?(io)
+        Fiber.blocking { io.stat.socket? }
+      rescue StandardError
+        defined?(BasicSocket) ? io.is_a?(BasicSocket) : false
+      end
+
+      def access_mode(io)
+        return unless defined?(Fcntl::O_ACCMODE)
+
+        Fiber.blocking { io.fcntl(Fcntl::F_GETFL) } & Fcntl::O_ACCMODE # blocking: see #socket?
+      rescue StandardError, NotImplementedError
+        nil
+      end
+
+      public
 
       # Prepends {CloseWatch} and {ReadNonblockWatch} to IO, once: only processes that use a
       # select loop pay for them.
@@ -230,26 +295,41 @@ module Evt
     Process.singleton_class.prepend(ForkWatch)
 
     # Prepended to IO once the first select loop exists: Ruby 3.3 and 3.4 call no scheduler hook on
-    # close. The waiters are told after the descriptor is closed (IO.select holds nothing of it).
+    # close. As ext/evt/close.c does for the C loop, and on the same conditions, the waiters are
+    # told before the descriptor closes: a close may wait itself (flushing a buffered write to a full
+    # pipe), and the fibers waiting on the IO must not go on meanwhile as if it were still open.
     module CloseWatch
+      # The waiters on this IO, and on the IO its writes go to (IO.popen's "r+"), first.
       def close
+        unless closed?
+          SelectLoop.closing(self)
+          write_io = SelectLoop.write_io(self)
+          SelectLoop.closing(write_io) if write_io
+        end
         Thread.current[:__evt_inline_offload] = true # close(2) runs here (Scheduling#blocking_operation_wait)
         super
       ensure
         Thread.current[:__evt_inline_offload] = nil
-        SelectLoop.closing(self)
+        SelectLoop.closed(self)
+        SelectLoop.closed(write_io) if write_io
       end
 
+      # Closes the descriptor unless it is a socket (shut down instead, which wakes the readers with
+      # end of file) or an IO only for writing (IOError).
       def close_read
+        SelectLoop.closing(self) { SelectLoop.closes_for?(self, :read) } unless closed?
         super
       ensure
-        SelectLoop.closing(self) if closed?
+        SelectLoop.closed(self)
       end
 
+      # The same for the IO writes go to.
       def close_write
+        write_io = SelectLoop.write_io(self) || self
+        SelectLoop.closing(write_io) { SelectLoop.closes_for?(write_io, :write) } unless write_io.closed?
         super
       ensure
-        SelectLoop.closing(self) if closed?
+        SelectLoop.closed(write_io) if write_io
       end
     end
 
@@ -280,9 +360,11 @@ module Evt
       @ready = []
       @timers = Timers.new
       @watched = {}.compare_by_identity # io => {waiter => events}
+      @closing = {}.compare_by_identity # io => true: another thread closes it (see #close_io)
       @blocking_modes = ObjectSpace::WeakMap.new # io => whether its descriptor is in blocking mode
       @resumes = nil # fiber => how often the loop resumed it, once another thread unblocks
       @unblockable = {}.compare_by_identity # fiber => waiter
+      @early_unblock = nil # an unblock for the fiber running now, before it blocked (see #unblock)
       @requests = Thread::Queue.new # from other threads: [kind, subject, argument]
       @waiting = 0
       @running = 0
@@ -393,7 +475,13 @@ module Evt
       check
       if Thread.current == @thread
         waiter = @unblockable[fiber]
-        wake(waiter, 1) if waiter
+        if waiter then wake(waiter, 1)
+        elsif fiber == @current && !fiber.nil? && (fiber != @loop_fiber || @running.zero?)
+          # Running, not blocked yet: kept for its next block, as a thread's wakeup is kept for its
+          # next sleep (early_unblock in loop.h). Any other wait of it drops the unblock. (The loop
+          # fiber inside the loop is the loop at work, not running code.)
+          @early_unblock = fiber
+        end
       else
         # Served by the loop later, and only if it has not resumed the fiber since: else the block
         # this was meant for is over, and a later one must not end. (Looking the waiter up now
@@ -419,7 +507,7 @@ module Evt
       begin
         yield(duration)
       ensure
-        @timers.cancel(timer)
+        @timers.remove(timer) # nothing when it fired
       end
     end
 
@@ -554,7 +642,9 @@ module Evt
       @ready = []
       @timers.clear
       @watched.clear
+      @closing.clear
       @unblockable.clear
+      @early_unblock = nil
       @waiting = 0
       @running = 0
       @blocked = false
@@ -757,11 +847,19 @@ module Evt
       forks = @forks
       waiter.state = :waiting
       @waiting += 1
+      unblocked = @early_unblock.equal?(waiter.fiber)
+      @early_unblock = nil if unblocked # for this wait if it is a block, else for none
       begin
         waiter.timer = @timers.add(now + timeout, waiter) if timeout
         case kind
         when :io, :select
           waiter.each_watch do |io, events|
+            next unless waiter.state == :waiting # ended by one of its IOs already
+
+            if closing?(io)
+              wake(waiter, CLOSED)
+              next
+            end
             list = (@watched[io] ||= {}.compare_by_identity)
             list[waiter] = list.fetch(waiter, 0) | events
           end
@@ -770,6 +868,7 @@ module Evt
           end
         when :block
           make_unblockable(waiter)
+          wake(waiter, 1) if unblocked
         when :yield, :start
           wake(waiter, SPURIOUS)
         end
@@ -804,7 +903,7 @@ module Evt
     def detach(waiter)
       # An IO's list stays while it is empty: the next wait drops it, unless a waiter came back.
       waiter.each_watch { |io, _| @watched[io]&.delete(waiter) }
-      @timers.cancel(waiter.timer) if waiter.timer
+      @timers.remove(waiter.timer) if waiter.timer
       waiter.timer = nil
       if waiter.unblockable
         @unblockable.delete(waiter.fiber) if @unblockable[waiter.fiber].equal?(waiter)
@@ -846,6 +945,21 @@ module Evt
       fiber.transfer
     ensure
       @current = @loop_fiber
+      @early_unblock = nil if @early_unblock.equal?(fiber) # it ended without waiting
+    end
+
+    # Raises +exception+ in +fiber+ from the loop fiber: a switch to it, as #switch_to's, so @current
+    # names it until it waits again or ends (when control comes back here). Else its unwinding would
+    # take whichever fiber @current named last for the one that switched to it, and ready that one
+    # out of its turn (see raise_into in loop.c).
+    def raise_into(fiber, exception)
+      @current = fiber
+      # Its wait is over, as if the loop had resumed it: an unblock meant for that wait must not end
+      # a later one (see #unblock).
+      @resumes[fiber] = (@resumes[fiber] || 0) + 1 if @resumes
+      fiber.raise(exception)
+    ensure
+      @current = @loop_fiber
     end
 
     # Starts +fiber+ from the loop fiber through a non-blocking launcher fiber, which makes the first
@@ -874,6 +988,7 @@ module Evt
     ensure
       @current = @loop_fiber
       @launch_caller = nil
+      @early_unblock = nil if @early_unblock.equal?(fiber) # it ended without waiting
     end
 
     # Runs a new fiber at once, until it waits or ends.
@@ -941,14 +1056,15 @@ module Evt
 
     def fire_timers(time)
       while (timer = @timers.first) && timer.deadline <= time
-        @timers.pop
         target = timer.target
         if target.is_a?(Timeout)
           # Raised in the fiber, wherever it waits; control comes back when it waits again or ends.
-          target.fiber.raise(target.exception)
+          @timers.remove(timer)
+          raise_into(target.fiber, target.exception)
+        elsif target.state == :waiting
+          wake(target, TIMED_OUT) # which takes its timer out
         else
-          target.timer = nil
-          wake(target, TIMED_OUT)
+          @timers.remove(timer)
         end
       end
     end
@@ -960,6 +1076,8 @@ module Evt
         close_pipe
         open_backend
       end
+      # Marked closed by now, mostly: Ruby's own checks see them (loop_mark in loop.c forgets them so).
+      @closing.delete_if { |io, _| io.closed? } unless @closing.empty?
       readers = [@wakeup_r]
       writers = []
       priority = []
@@ -977,7 +1095,7 @@ module Evt
         priority << io if events.anybits?(IO::PRIORITY)
         false
       end
-      closed&.each { |io| io_closing(io) }
+      closed&.each { |io| close_io(io, elsewhere: false) }
       return unless closed.nil? # their fibers are ready now
 
       @blocked = true
@@ -1047,28 +1165,55 @@ module Evt
       signal if Thread.current != @thread # always: the loop may be on its way into IO.select
     end
 
-    # IO#close of +io+ (see {.closing}).
-    def io_closing(io)
-      return if @forks != SelectLoop.forks || @watched[io].nil? || @watched[io].empty?
+    # Whether a fiber waits on +io+, or did until the loop's last turn (see knows in loop.c): another
+    # thread closing it tells the loop even when no fiber waits right now, as one may be about to.
+    # Asked from any thread.
+    def knows?(io)
+      @forks == SelectLoop.forks && @watched.key?(io)
+    end
 
-      if Thread.current == @thread
-        @watched[io]&.dup&.each { |waiter, _| wake(waiter, CLOSED) }
-      else
-        request(:closed, io, nil)
+    # IO#close of +io+ (see {.closing}), before the descriptor closes: on the loop's own thread its
+    # waiters are woken at once, another thread's loop is asked to.
+    def io_closing(io)
+      if Thread.current == @thread then close_io(io, elsewhere: false)
+      else request(:closed, io, nil)
       end
     end
 
+    # Wakes the loop's waiters on +io+ with CLOSED, on the loop's own thread (see loop_close_io in
+    # loop.c). +elsewhere+: for another thread, which may not have marked io closed yet: until it
+    # has, a new wait on io ends at once too (see #closing?).
+    def close_io(io, elsewhere:)
+      @closing[io] = true if elsewhere && !io.closed?
+      list = @watched[io] or return
+      list.keys.each { |waiter| wake(waiter, CLOSED) }
+    end
+
+    # Whether another thread closes +io+ and has not marked it closed yet.
+    def closing?(io)
+      return false if @closing.empty? || !@closing.key?(io)
+      return true unless io.closed?
+
+      @closing.delete(io) # Ruby's own checks see it now
+      false
+    end
+
     # Serves the other threads' requests; fiber interrupts only when +interrupts+ (they switch
-    # fibers: not while IO.select's result waits to be dispatched).
+    # fibers: not while IO.select's result waits to be dispatched). The unblocks come first: the C
+    # loop's #unblock readies the fiber there and then, under the GVL, while closes and interrupts
+    # wait for the loop's thread, so of the requests made during one wait the unblocked fibers run
+    # first there.
     def take_requests(interrupts:)
+      requests = []
+      requests << @requests.pop(true) until @requests.empty?
+      unblocks, others = requests.partition { |request| request.first == :unblock }
       later = []
       own = nil
-      until @requests.empty?
-        kind, subject, argument, forks = @requests.pop(true)
+      (unblocks + others).each do |kind, subject, argument, forks|
         next if forks != @forks # made in the parent, before the fork
 
         case kind
-        when :closed then io_closing(subject)
+        when :closed then close_io(subject, elsewhere: true)
         when :unblock
           waiter = @unblockable[subject]
           wake(waiter, 1) if waiter && (@resumes[subject] || 0) == argument
@@ -1078,7 +1223,7 @@ module Evt
           elsif subject.alive?
             # Not with #rescuing: the fiber must come back to the loop fiber, not to a helper.
             begin
-              subject.raise(argument)
+              raise_into(subject, argument)
             rescue FiberError
               nil # not suspended any more (it resumed another fiber): nothing to interrupt
             end
@@ -1094,7 +1239,7 @@ module Evt
       check
       fibers = {}.compare_by_identity
       @ready.each { |waiter| fibers[waiter.fiber] = true if waiter.state == :ready }
-      @timers.live.each do |timer|
+      @timers.each do |timer|
         target = timer.target
         fibers[target.fiber] = true if target.is_a?(Waiter)
       end
