@@ -543,9 +543,21 @@ module Evt
       false # in a scheduled fiber, which keeps its own $!
     end
 
-    # Ruby 4.0: raises +exception+ in +fiber+, which waits in this loop. From any thread.
+    # What a stand-in for a fiber answers, in the order a missing one is named.
+    STAND_IN_METHODS = %i[alive? raise transfer].freeze
+
+    # Ruby 4.0: raises +exception+ in +fiber+, which waits in this loop. From any thread: the loop
+    # raises it on its next turn. +fiber+ is a Fiber, or, as scheduler interface 5 allows
+    # (ruby/ruby#18793), any object that answers alive?, raise and transfer (a wrapper around one).
+    # @raise [TypeError] anything else
     def fiber_interrupt(fiber, exception)
-      raise TypeError, "evt: fiber_interrupt needs a Fiber, not #{fiber.class}" unless fiber.is_a?(Fiber)
+      unless fiber.is_a?(Fiber)
+        missing = STAND_IN_METHODS.find { |name| !fiber.respond_to?(name) }
+        if missing
+          raise TypeError, "evt: fiber_interrupt needs a Fiber, or an object that answers alive?, raise and " \
+                           "transfer; #{fiber.class} does not answer #{missing}"
+        end
+      end
 
       request(:interrupt, fiber, exception)
       nil
@@ -1086,6 +1098,16 @@ module Evt
       @current = @loop_fiber
     end
 
+    # Raises +exception+ through a stand-in for a fiber (fiber_interrupt): its raise switches to the
+    # fiber inside, which the loop cannot name. @current is nil meanwhile, so that fiber's unwinding
+    # readies no one (see #ready_the_switcher and interrupt_fiber in loop.c).
+    def raise_through(stand_in, exception)
+      @current = nil
+      stand_in.raise(exception)
+    ensure
+      @current = @loop_fiber
+    end
+
     # Starts +fiber+ from the loop fiber through a non-blocking launcher fiber, which makes the first
     # switch into it and hands back a FiberError: CRuby 3.3 and 3.4 leave the thread's count of
     # blocking fibers lowered when a blocking fiber's switch into a new fiber fails (see launch in
@@ -1343,11 +1365,13 @@ module Evt
           wake(waiter, 1) if waiter && (@resumes[subject] || 0) == argument
         when :interrupt
           if !interrupts then later << [kind, subject, argument, forks]
-          elsif subject == Fiber.current then own = argument
-          elsif subject.alive?
+          elsif subject.equal?(Fiber.current) then own = argument
+          elsif subject.alive? # a stand-in's own alive?
             # Not with #rescuing: the fiber must come back to the loop fiber, not to a helper.
             begin
-              raise_into(subject, argument)
+              if subject.is_a?(Fiber) then raise_into(subject, argument)
+              else raise_through(subject, argument)
+              end
             rescue FiberError
               nil # not suspended any more (it resumed another fiber): nothing to interrupt
             end
