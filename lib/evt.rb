@@ -50,7 +50,11 @@ module Evt
   autoload :Workers, File.expand_path("evt/workers", __dir__) # one event loop per core
 end
 
-require_relative "evt/resolver"
+require_relative "evt/resolver" # loads socket
+
+# BasicSocket has a close_read and close_write of its own, which close the descriptor once both
+# directions are shut down: they must wake the waiters first too (ext/evt/close.c).
+BasicSocket.prepend(Evt::CloseWakesWaiters) if defined?(Evt::CloseWakesWaiters)
 require_relative "evt/worker_pool"
 require_relative "evt/scheduler"
 

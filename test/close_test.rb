@@ -125,6 +125,40 @@ class CloseTest < Minitest::Test
     [a, b].each { |io| io&.close }
   end
 
+  # A socket shut down in one direction is closed by shutting down the other: BasicSocket's own
+  # close_read and close_write, and IO's, close the descriptor then, and its waiters must be woken
+  # first (epoll and io_uring otherwise kept them waiting on a descriptor that was gone).
+  def test_shutting_down_a_sockets_last_direction_closes_it_under_its_waiters
+    {
+      "BasicSocket#close_read" => ->(s) { s.close_read },
+      "IO#close_read" => ->(s) { IO.instance_method(:close_read).bind_call(s) },
+    }.each do |name, close_read|
+      a, b = UNIXSocket.pair
+      a.close_write
+      outcomes = close_while_waiting(a, [-> { a.read(1) }, -> { a.wait_readable }], close: -> { close_read.call(a) })
+      assert_predicate a, :closed?, name
+      assert_closed_under(outcomes)
+    ensure
+      [a, b].each { |io| io&.close }
+    end
+  end
+
+  def test_shutting_down_a_sockets_write_side_last_closes_it_under_its_writer
+    {
+      "BasicSocket#close_write" => ->(s) { s.close_write },
+      "IO#close_write" => ->(s) { IO.instance_method(:close_write).bind_call(s) },
+    }.each do |name, close_write|
+      a, b = UNIXSocket.pair
+      a.close_read
+      fill(a)
+      outcomes = close_while_waiting(a, [-> { a.write("more") }], close: -> { close_write.call(a) })
+      assert_predicate a, :closed?, name
+      assert_closed_under(outcomes)
+    ensure
+      [a, b].each { |io| io&.close }
+    end
+  end
+
   def test_close_from_another_thread
     r, w = IO.pipe
     a, b = UNIXSocket.pair

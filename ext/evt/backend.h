@@ -122,6 +122,7 @@ struct evt_op {
     int64_t position;  /* -1: none */
     int socket;        /* use recv/send */
     int pending;       /* submitted, result not reaped yet */
+    int cancelled;     /* the backend's: turned into a no-op before the kernel took it (reaped as -ECANCELED) */
     long result;       /* bytes, or -errno */
     /* The core's: the IO buffer [base, base + size) lies in, taken from an IO that another thread
      * closed while the kernel had it (see evt_io_closing); freed by the core once reaped. */

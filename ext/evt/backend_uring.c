@@ -233,9 +233,11 @@ dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
         io_uring_for_each_cqe(&backend->ring, head, cqe) {
             uint64_t data = io_uring_cqe_get_data64(cqe);
             switch (data & TAG_MASK) {
-            case TAG_OP:
-                evt_loop_op_done(loop, (struct evt_op *)(uintptr_t)data, cqe->res);
+            case TAG_OP: {
+                struct evt_op *op = (struct evt_op *)(uintptr_t)data;
+                evt_loop_op_done(loop, op, op->cancelled ? -ECANCELED : cqe->res);
                 break;
+            }
             case TAG_POLL:
                 poll_done(loop, backend, data, cqe->res);
                 break;
@@ -307,13 +309,35 @@ uring_transfer(struct evt_loop *loop, struct evt_op *op)
     return 0;
 }
 
+/* Turns op's request into a no-op with the same user_data, if the kernel has not taken it yet (it is
+ * still in the submission queue, which only this thread fills and submits). */
+static int
+unsubmit(struct io_uring_sq *sq, struct evt_op *op)
+{
+    uint64_t data = (uint64_t)(uintptr_t)op;
+    for (unsigned i = io_uring_smp_load_acquire(sq->khead); i != sq->sqe_tail; i++) {
+        struct io_uring_sqe *sqe = &sq->sqes[i & sq->ring_mask];
+        if (sqe->user_data != data) continue;
+        io_uring_prep_nop(sqe);
+        sqe->user_data = data;
+        op->cancelled = 1;
+        return 1;
+    }
+    return 0;
+}
+
 static void
 uring_cancel(struct evt_loop *loop, struct evt_op *op)
 {
     struct uring_backend *backend = loop->backend_data;
-    struct io_uring_sqe *sqe = next_sqe(backend);
-    io_uring_prep_cancel64(sqe, (uint64_t)(uintptr_t)op, 0);
-    io_uring_sqe_set_data64(sqe, TAG_IGNORE);
+    /* A request the kernel has not seen is simply never made: cheaper than a cancellation, and
+     * the only way out seen for a send on a UNIX socket shut down for reading (Linux 6.18), which
+     * a cancellation submitted together with it never ended. */
+    if (!unsubmit(&backend->ring.sq, op)) {
+        struct io_uring_sqe *sqe = next_sqe(backend);
+        io_uring_prep_cancel64(sqe, (uint64_t)(uintptr_t)op, 0);
+        io_uring_sqe_set_data64(sqe, TAG_IGNORE);
+    }
     /* Wait here, with the thread: cancelling a request waiting for readiness is immediate, and a
      * file read under way ends soon. Other completions that arrive meanwhile are dispatched. */
     while (op->pending) {

@@ -259,19 +259,21 @@ io_close(int argc, VALUE *argv, VALUE io)
     return rb_ensure(call_super, (VALUE)&call, inline_offload_end, Qnil);
 }
 
-/* IO#close_read closes the descriptor unless it is a socket (shut down instead, which wakes the
- * readers with end of file) or an IO only for writing (IOError). */
+/* IO#close_read (and BasicSocket's): a socket is shut down, which wakes its readers with end of
+ * file, and closed only once it is not writable either (its write side shut down before); any other
+ * IO is closed, unless it is only for writing (IOError). */
 static VALUE
 io_close_read(int argc, VALUE *argv, VALUE io)
 {
     rb_io_t *fptr;
     int fd = open_descriptor(io, &fptr);
-    if (fd >= 0 && (fptr->mode & (FMODE_DUPLEX | FMODE_WRITABLE)) != FMODE_WRITABLE && !is_socket(fd))
+    if (fd >= 0 && (is_socket(fd) ? !(fptr->mode & FMODE_WRITABLE)
+                                   : (fptr->mode & (FMODE_DUPLEX | FMODE_WRITABLE)) != FMODE_WRITABLE))
         evt_io_closing(io, fd);
     return rb_call_super(argc, argv);
 }
 
-/* IO#close_write: the same for the IO writes go to. */
+/* IO#close_write (and BasicSocket's): the same for the IO writes go to. */
 static VALUE
 io_close_write(int argc, VALUE *argv, VALUE io)
 {
@@ -279,7 +281,8 @@ io_close_write(int argc, VALUE *argv, VALUE io)
     VALUE write_io = fptr && fptr->tied_io_for_writing ? fptr->tied_io_for_writing : io;
     rb_io_t *write_fptr;
     int fd = open_descriptor(write_io, &write_fptr);
-    if (fd >= 0 && (write_fptr->mode & (FMODE_DUPLEX | FMODE_READABLE)) != FMODE_READABLE && !is_socket(fd))
+    if (fd >= 0 && (is_socket(fd) ? !(write_fptr->mode & FMODE_READABLE)
+                                   : (write_fptr->mode & (FMODE_DUPLEX | FMODE_READABLE)) != FMODE_READABLE))
         evt_io_closing(write_io, fd);
     return rb_call_super(argc, argv);
 }
@@ -293,7 +296,8 @@ void
 evt_close_init(VALUE mEvt)
 {
 #if RUBY_API_VERSION_MAJOR < 4
-    /* Evt::CloseWakesWaiters, prepended to IO once evt is loaded. */
+    /* Evt::CloseWakesWaiters, prepended to IO once evt is loaded, and to BasicSocket (which has a
+     * close_read and close_write of its own) by lib/evt.rb. */
     id_inline_offload = rb_intern("__evt_inline_offload");
     VALUE mClose = rb_define_module_under(mEvt, "CloseWakesWaiters");
     rb_define_method(mClose, "close", io_close, -1);
