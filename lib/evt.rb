@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "evt/version"
+require_relative "evt/hooks"
 require_relative "evt/select_loop"
 
 module Evt

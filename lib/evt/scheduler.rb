@@ -26,38 +26,7 @@ module Evt
       size
     end
 
-    # @!method io_wait(io, events, timeout)
-    #   Waits until +io+ has one of +events+ (IO::READABLE, IO::PRIORITY, IO::WRITABLE).
-    #   @return [Integer, false] the events that are ready, or false when +timeout+ seconds passed.
-    # @!method io_read(io, buffer, length, offset)
-    #   Reads into the IO::Buffer at +offset+, at least +length+ bytes (0: whatever one read gives).
-    #   @return [Integer] bytes read, or -errno.
-    # @!method io_write(io, buffer, length, offset)
-    #   Writes from the IO::Buffer at +offset+, at least +length+ bytes (0: whatever one write takes).
-    #   @return [Integer] bytes written, or -errno.
-    # @!method kernel_sleep(duration = nil)
-    #   Sleeps +duration+ seconds (nil: until unblocked); sleep(0) lets the other ready fibers run.
-    # @!method block(blocker, timeout = nil)
-    #   Suspends the fiber until {#unblock}, or +timeout+ seconds.
-    #   @return [Boolean] true when unblocked, false when the time ran out.
-    # @!method unblock(blocker, fiber)
-    #   Resumes a fiber suspended in {#block} or {#kernel_sleep}. Safe from any thread.
-    # @!method io_pread(io, buffer, from, length, offset)
-    #   As io_read, at file position +from+. @return [Integer] bytes read, or -errno.
-    # @!method io_pwrite(io, buffer, from, length, offset)
-    #   As io_write, at file position +from+. @return [Integer] bytes written, or -errno.
-    # @!method io_select(readables, writables = nil, exceptables = nil, timeout = nil)
-    #   IO.select: every IO watched by the loop at once, no thread.
-    #   @return [Array<Array>, nil] the ready objects of each array, or nil when the time ran out.
-    # @!method timeout_after(duration, exception_class, *arguments, &block)
-    #   Timeout.timeout: raises exception_class.new(*arguments) in the fiber if the block still runs
-    #   after +duration+ seconds. @return the block's value.
-    # @!method run
-    #   Runs the loop until no fiber waits in it.
-    # @!method wakeup
-    #   Ends the loop's wait in the kernel, from any thread.
-    # @!method backend
-    #   @return [Symbol] the backend in use.
+    # The hooks themselves: Evt::HOOKS (lib/evt/hooks.rb) lists each, with where it lives.
 
     # Fiber.schedule: runs the block at once in a new non-blocking fiber, until it waits or ends.
     #
@@ -219,33 +188,9 @@ module Evt
   # A Fiber Scheduler: `Fiber.set_scheduler(Evt::Scheduler.new)` makes every blocking operation in a
   # non-blocking fiber of this thread wait in the event loop, while the other fibers run.
   #
-  # The hooks Ruby calls on the hot path live in C, in {Evt::Loop} (ext/evt/hooks.c); the `select`
-  # backend has them all in Ruby ({SelectLoop}, where Ruby does reads and writes itself). The hooks
-  # written in Ruby for every backend are in {Scheduling}. This is the one place that lists them all:
-  #
-  # | hook                                   | where                          |
-  # |----------------------------------------|--------------------------------|
-  # | io_wait(io, events, timeout)           | C                              |
-  # | io_read(io, buffer, length, offset)    | C                              |
-  # | io_write(io, buffer, length, offset)   | C                              |
-  # | kernel_sleep(duration = nil)           | C                              |
-  # | block(blocker, timeout = nil)          | C                              |
-  # | unblock(blocker, fiber)                | C, safe from any thread        |
-  # | io_pread(io, buffer, from, length, offset)  | C                         |
-  # | io_pwrite(io, buffer, from, length, offset) | C                         |
-  # | io_select(readables, writables, exceptables, timeout) | C, no thread    |
-  # | timeout_after(duration, class, *arguments) | C, on the timer heap       |
-  # | process_wait(pid, flags)               | here: pidfd, else a thread     |
-  # | address_resolve(hostname)              | here: {Resolver}'s threads     |
-  # | blocking_operation_wait(work) (3.4)    | here: {WorkerPool}'s threads   |
-  # | fiber(**options, &block)               | here                           |
-  # | scheduler_close                        | C, keeps $! intact             |
-  # | io_close(fd)  (Ruby 4.0)               | C (close.c): through the ring  |
-  # | fiber_interrupt(fiber, exception) (4.0) | C (close.c), any thread       |
-  # | close                                  | here                           |
-  #
-  # On the pure-Ruby loop every "C" above is Ruby, in {SelectLoop}; io_pread and io_pwrite are not
-  # defined there (Ruby does them itself).
+  # The hooks Ruby calls on the hot path live in C, in {Evt::Loop} (ext/evt/io.c, hooks.c); the
+  # pure-Ruby loop has them in Ruby ({SelectLoop}). The hooks written in Ruby for every loop are in
+  # {Scheduling}. Evt::HOOKS (lib/evt/hooks.rb) lists every hook once, with where it lives.
   #
   # The `select` backend is select(2) in the C loop where the extension has it (Linux builds); where
   # the extension is not loaded, Evt::Scheduler itself runs on the pure-Ruby loop ({SelectLoop}),

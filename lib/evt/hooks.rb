@@ -1,0 +1,49 @@
+# frozen_string_literal: true
+
+module Evt
+  # One Fiber::Scheduler hook evt answers: the call Ruby makes, where evt answers it, and which
+  # Rubies make it.
+  Hook = Struct.new(:call, :where, :rubies, keyword_init: true) do
+    def to_s
+      format("%-80s %-5s %s", call, rubies, where)
+    end
+  end
+
+  # Every hook evt answers, listed once: the README and Evt::Scheduler's documentation point here,
+  # and test/hooks_list_test.rb checks that both loops answer each of them
+  # (`ruby -Ilib -revt -e 'puts Evt::HOOKS.values'` prints it).
+  # "C" is the C loop (ext/evt/); on the pure-Ruby loop ({SelectLoop}) each of those is Ruby.
+  HOOKS = {
+    io_wait: Hook.new(call: "io_wait(io, events, timeout)", where: "C, io.c", rubies: "3.3+"),
+    io_read: Hook.new(call: "io_read(io, buffer, length, offset); 4.1: (io, buffer, offset, length)",
+                      where: "C, io.c: one transfer primitive under both conventions", rubies: "3.3+"),
+    io_write: Hook.new(call: "io_write(io, buffer, length, offset); 4.1: (io, buffer, offset, length)",
+                       where: "C, io.c", rubies: "3.3+"),
+    io_pread: Hook.new(call: "io_pread(io, buffer, from, length, offset); 4.1: (.., from, offset, length)",
+                       where: "C, io.c (the pure-Ruby loop leaves it to Ruby)", rubies: "3.3+"),
+    io_pwrite: Hook.new(call: "io_pwrite(io, buffer, from, length, offset); 4.1: (.., from, offset, length)",
+                        where: "C, io.c, without the GVL (the pure-Ruby loop leaves it to Ruby)", rubies: "3.3+"),
+    io_select: Hook.new(call: "io_select(readables, writables, exceptables, timeout)", where: "C, hooks.c, no thread",
+                        rubies: "3.3+"),
+    kernel_sleep: Hook.new(call: "kernel_sleep(duration = nil)", where: "C, hooks.c", rubies: "3.3+"),
+    block: Hook.new(call: "block(blocker, timeout = nil)", where: "C, hooks.c", rubies: "3.3+"),
+    unblock: Hook.new(call: "unblock(blocker, fiber)", where: "C, hooks.c, from any thread", rubies: "3.3+"),
+    timeout_after: Hook.new(call: "timeout_after(duration, exception_class, *arguments)",
+                            where: "C, hooks.c, on the timer heap", rubies: "3.3+"),
+    process_wait: Hook.new(call: "process_wait(pid, flags)",
+                           where: "scheduler.rb: waitid in the ring, a pidfd, else a thread", rubies: "3.3+"),
+    address_resolve: Hook.new(call: "address_resolve(hostname)", where: "scheduler.rb: Resolver's threads",
+                              rubies: "3.3+"),
+    blocking_operation_wait: Hook.new(call: "blocking_operation_wait(work)",
+                                      where: "scheduler.rb: WorkerPool's threads", rubies: "3.4+"),
+    fiber: Hook.new(call: "fiber(**options, &block)", where: "scheduler.rb", rubies: "3.3+"),
+    scheduler_close: Hook.new(call: "scheduler_close", where: "C, evt.c, keeps $! intact", rubies: "3.3+"),
+    close: Hook.new(call: "close", where: "scheduler.rb", rubies: "3.3+"),
+    io_close: Hook.new(call: "io_close(fd)", where: "C, hooks.c: through the ring on io_uring", rubies: "4.0+"),
+    fiber_interrupt: Hook.new(call: "fiber_interrupt(fiber, exception)",
+                              where: "C, hooks.c, from any thread; a Fiber or a stand-in", rubies: "4.0+"),
+  }.freeze
+
+  # The hooks Ruby itself performs when the pure-Ruby loop does not answer them.
+  RUBY_LOOP_LEAVES = %i[io_pread io_pwrite].freeze
+end
