@@ -55,7 +55,7 @@ require_relative "evt/resolver" # loads socket
 
 # BasicSocket has a close_read and close_write of its own, which close the descriptor once both
 # directions are shut down: they must wake the waiters first too (ext/evt/close.c).
-BasicSocket.prepend(Evt::CloseWakesWaiters) if defined?(Evt::CloseWakesWaiters)
+BasicSocket.prepend(Evt::SocketShutdownWakesWaiters) if defined?(Evt::SocketShutdownWakesWaiters)
 require_relative "evt/worker_pool"
 require_relative "evt/scheduler"
 

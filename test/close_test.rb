@@ -428,6 +428,27 @@ class CloseTest < Minitest::Test
     w&.close
   end
 
+  # A fiber that leaves io_close before the loop's next wait (a timeout due at once) still closes the
+  # descriptor: on io_uring the close is queued in the ring by then, and must reach the kernel.
+  def test_io_close_left_early_still_closes_the_descriptor
+    r, w = IO.pipe
+    fd = r.fileno
+    r.autoclose = false
+    timed_out = false
+    evt do
+      Fiber.schedule do
+        Fiber.scheduler.timeout_after(0, Timeout::Error) { Fiber.scheduler.io_close(fd) }
+      rescue Timeout::Error
+        timed_out = true
+      end
+    end
+    target = File.exist?("/proc/self/fd/#{fd}") && File.readlink("/proc/self/fd/#{fd}")
+    refute_match(/pipe/, target.to_s, "the descriptor leaked (timed out: #{timed_out})")
+    assert_raises(Errno::EPIPE) { w.write("x") } # no reader left
+  ensure
+    w&.close
+  end
+
   def test_io_close_of_a_descriptor_that_is_not_open
     fd = Process.getrlimit(:NOFILE)[0] - 1
     skip "descriptor #{fd} is open" if File.exist?("/proc/self/fd/#{fd}")

@@ -310,10 +310,12 @@ uring_transfer(struct evt_loop *loop, struct evt_op *op)
 }
 
 /* Turns op's request into a no-op with the same user_data, if the kernel has not taken it yet (it is
- * still in the submission queue, which only this thread fills and submits). */
+ * still in the submission queue, which only this thread fills and submits). Never a close: cancelled
+ * or not, the descriptor must be released, and a close in the kernel ends at once. */
 static int
 unsubmit(struct io_uring_sq *sq, struct evt_op *op)
 {
+    if (op->kind == EVT_OP_CLOSE) return 0;
     uint64_t data = (uint64_t)(uintptr_t)op;
     for (unsigned i = io_uring_smp_load_acquire(sq->khead); i != sq->sqe_tail; i++) {
         struct io_uring_sqe *sqe = &sq->sqes[i & sq->ring_mask];

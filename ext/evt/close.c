@@ -296,13 +296,18 @@ void
 evt_close_init(VALUE mEvt)
 {
 #if RUBY_API_VERSION_MAJOR < 4
-    /* Evt::CloseWakesWaiters, prepended to IO once evt is loaded, and to BasicSocket (which has a
-     * close_read and close_write of its own) by lib/evt.rb. */
+    /* Evt::CloseWakesWaiters, prepended to IO once evt is loaded. */
     id_inline_offload = rb_intern("__evt_inline_offload");
     VALUE mClose = rb_define_module_under(mEvt, "CloseWakesWaiters");
     rb_define_method(mClose, "close", io_close, -1);
     rb_define_method(mClose, "close_read", io_close_read, -1);
     rb_define_method(mClose, "close_write", io_close_write, -1);
     rb_prepend_module(rb_cIO, mClose);
+    /* Evt::SocketShutdownWakesWaiters: BasicSocket's own close_read and close_write, which lib/evt.rb
+     * prepends it to (its #close is IO's, already covered: the whole module twice would run the
+     * close hook twice per socket). */
+    VALUE mShutdown = rb_define_module_under(mEvt, "SocketShutdownWakesWaiters");
+    rb_define_method(mShutdown, "close_read", io_close_read, -1);
+    rb_define_method(mShutdown, "close_write", io_close_write, -1);
 #endif
 }

@@ -109,6 +109,16 @@ fiber_gone(VALUE ptr, VALUE error)
     return Qnil; /* it is not suspended any more (resumed by another fiber): nothing to interrupt */
 }
 
+/* One interrupt, unless its fiber has ended; a FiberError means it is not suspended any more. */
+static VALUE
+interrupt_one(VALUE ptr)
+{
+    struct interrupt *interrupt = (struct interrupt *)ptr;
+    if (interruptible(interrupt->fiber))
+        rb_rescue2(interrupt_fiber, ptr, fiber_gone, ptr, eFiberError, 0);
+    return Qnil;
+}
+
 /* The other threads' requests: the closes (close.c), then, when `interrupts` is set, the fiber
  * interrupts, which switch fibers (not while the backend holds undispatched events: then they are
  * kept for the next turn). */
@@ -127,12 +137,22 @@ serve_requests(struct evt_loop *loop, int interrupts)
     VALUE own = Qnil; /* an exception for the loop fiber itself, raised once the rest is done */
     for (long i = 0; i < RARRAY_LEN(rest); i++) {
         VALUE request = RARRAY_AREF(rest, i);
-        VALUE fiber = RARRAY_AREF(request, 0), exception = RARRAY_AREF(request, 1);
-        if (fiber == rb_fiber_current()) own = exception;
-        /* As timeout_after does: control comes back when that fiber waits again or ends. */
-        else if (interruptible(fiber)) {
-            struct interrupt interrupt = {loop, fiber, exception};
-            rb_rescue2(interrupt_fiber, (VALUE)&interrupt, fiber_gone, (VALUE)&interrupt, eFiberError, 0);
+        struct interrupt interrupt = {loop, RARRAY_AREF(request, 0), RARRAY_AREF(request, 1)};
+        if (interrupt.fiber == rb_fiber_current()) {
+            own = interrupt.exception;
+            continue;
+        }
+        /* As timeout_after does: control comes back when that fiber waits again or ends. A stand-in
+         * runs code of its own (alive?, raise): if that raises, the interrupts after it wait for the
+         * next turn rather than being lost. */
+        int state = 0;
+        rb_protect(interrupt_one, (VALUE)&interrupt, &state);
+        if (state) {
+            for (long j = i + 1; j < RARRAY_LEN(rest); j++) {
+                VALUE later = RARRAY_AREF(rest, j);
+                evt_loop_request(loop, RARRAY_AREF(later, 0), RARRAY_AREF(later, 1));
+            }
+            rb_jump_tag(state);
         }
     }
     if (!NIL_P(own)) rb_exc_raise(own);
@@ -238,16 +258,16 @@ wait_in_kernel(struct evt_loop *loop, int64_t timeout)
         rb_nogvl(wait_without_gvl, &wait, end_kernel_wait, loop, RB_NOGVL_INTR_FAIL);
         __atomic_store_n(&loop->blocked, 0, __ATOMIC_SEQ_CST);
     }
-    if (wait.result < 0)
-        rb_syserr_fail_str(-wait.result, rb_sprintf("evt: waiting on the %s backend", loop->backend->name));
-    return wait.result;
+    return wait.result; /* -errno: raised by dispatch, once the closes are served */
 }
 
 /* Hands what the wait collected to the waiters: the fired events of a readiness backend, then the
- * completions of a completion backend. A full array grows for the next wait. */
+ * completions of a completion backend. A full array grows for the next wait. A wait that failed
+ * (-errno) raises here. */
 static void
 dispatch(struct evt_loop *loop, int fired)
 {
+    if (fired < 0) rb_syserr_fail_str(-fired, rb_sprintf("evt: waiting on the %s backend", loop->backend->name));
     for (int i = 0; i < fired; i++) {
         struct evt_fired event = loop->fired[i];
         evt_loop_io_ready(loop, event.fd, event.generation, event.events);
