@@ -107,7 +107,7 @@ struct evt_loop {
     size_t waiting;           /* fibers suspended in evt */
     volatile int blocked;     /* inside the backend's wait without the GVL: wakeups must go to the kernel */
     int woken;                /* a wakeup went to the kernel during this wait: more would be wasted */
-    int running;              /* inside loop_run */
+    int running;              /* inside evt_loop_run (nested when the loop fiber itself waits) */
     unsigned forks;           /* evt_forks when the kernel objects were made */
     struct evt_list link;     /* in the process's list of loops, which IO#close looks through */
     VALUE requests;           /* from other threads: [io, fd] closed, [fiber, exception] to raise */

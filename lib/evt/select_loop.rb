@@ -17,9 +17,9 @@ module Evt
   # (`backend: :select`) everywhere else. A module: {SelectScheduler} (an Evt::Scheduler) includes
   # it where the extension is loaded, and Evt::Loop itself where it is not.
   #
-  # It follows ext/evt/loop.c step by step, with Ruby objects where the C core has structs: a
-  # {Waiter} per suspension, a {Timers} heap, a hash of the IOs waited on, a self-pipe for wakeups
-  # from other threads. One loop iteration: serve the other threads' requests, resume the ready
+  # It follows the C core (ext/evt/loop.c and the files loop.h lists) step by step, with Ruby
+  # objects where the C core has structs: a {Waiter} per suspension, a {Timers} heap, a hash of the
+  # IOs waited on, a self-pipe for wakeups from other threads. One loop iteration: serve the other threads' requests, resume the ready
   # fibers, fire the due timers, wait in IO.select (without the GVL) for every watched IO and the
   # wakeup pipe, mark the waiters whose IOs are ready.
   #
@@ -208,7 +208,7 @@ module Evt
       end
 
       # IO#close (and close_read, close_write) of +io+, from any thread, before the descriptor
-      # closes (see evt_io_closing in loop.c): the waiters on that IO object, in every select loop
+      # closes (see evt_io_closing in close.c): the waiters on that IO object, in every select loop
       # that knows it, raise IOError. The block, if given, says whether the call closes the
       # descriptor at all; it is asked only when a loop knows +io+ (it may cost system calls).
       def closing(io)
@@ -662,7 +662,7 @@ module Evt
     end
 
     # In a forked child: the pipe is the parent's, and so are the fibers waiting here; the forking
-    # fiber now drives the loop (see loop_after_fork in loop.c). Requests stay: those the parent's
+    # fiber now drives the loop (see loop_after_fork in object.c). Requests stay: those the parent's
     # threads made are dropped when served, those of the child's threads are the child's.
     def after_fork
       @forks = SelectLoop.forks
@@ -1111,7 +1111,7 @@ module Evt
     # Starts +fiber+ from the loop fiber through a non-blocking launcher fiber, which makes the first
     # switch into it and hands back a FiberError: CRuby 3.3 and 3.4 leave the thread's count of
     # blocking fibers lowered when a blocking fiber's switch into a new fiber fails (see launch in
-    # loop.c). Control comes back when the new fiber waits or ends.
+    # evt.c). Control comes back when the new fiber waits or ends.
     def launch(fiber)
       @launch_caller = Fiber.current
       @launcher ||= Fiber.new(blocking: false) do
@@ -1222,7 +1222,7 @@ module Evt
         close_pipe
         open_backend
       end
-      # Marked closed by now, mostly: Ruby's own checks see them (loop_mark in loop.c forgets them so).
+      # Marked closed by now, mostly: Ruby's own checks see them (loop_mark in object.c forgets them so).
       @closing.delete_if { |io, _| io.closed? } unless @closing.empty?
       readers = [@wakeup_r]
       writers = []
@@ -1311,7 +1311,7 @@ module Evt
       signal if Thread.current != @thread # always: the loop may be on its way into IO.select
     end
 
-    # Whether a fiber waits on +io+, or did until the loop's last turn (see knows in loop.c): another
+    # Whether a fiber waits on +io+, or did until the loop's last turn (see knows in close.c): another
     # thread closing it tells the loop even when no fiber waits right now, as one may be about to.
     # Asked from any thread.
     def knows?(io)
