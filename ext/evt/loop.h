@@ -183,7 +183,7 @@ enum {
     EVT_REG_FILE = 8,      /* a regular file or block device: never waits for readiness */
 };
 
-/* ---- waits (loop.c) ---------------------------------------------------------------------------
+/* ---- waits (made in waiters.c, run in loop.c) ----------------------------------------------------
  *
  * One suspension of the current fiber, made by one of the constructors below and run by
  * evt_suspend. The whole of it (linking the waiter into the loop's structures, switching away,
@@ -232,7 +232,7 @@ enum evt_outcome evt_suspend(struct evt_wait *wait);
 /* ---- what the files give each other -------------------------------------------------------------
  *
  * From the bottom up, each file calling only those above it in this list:
- *   waiters.c  registrations and waiters, waking them
+ *   waiters.c  registrations and waiters, waking them; the constructors of the waits
  *   object.c   the loop object: memory, GC, kernel objects, fork, owner thread, the list of loops
  *   close.c    closing IOs waited on, and requests from other threads
  *   loop.c     suspension and the run loop

@@ -1,5 +1,6 @@
 /* Registrations and waiters: what the loop knows about each descriptor, the fibers waiting on it,
- * and waking them, which is what the backends' reports (fired events, completions) come down to. */
+ * and waking them, which is what the backends' reports (fired events, completions) come down to; and
+ * the constructors of the waits that loop.c's evt_suspend runs. */
 #include "loop.h"
 
 /* Never 0, which a backend slot takes for none. */
@@ -167,4 +168,65 @@ evt_loop_op_done(struct evt_loop *loop, struct evt_op *op, long result)
     if (op->pending) loop->kernel_ops--;
     op->pending = 0;
     evt_waiter_wake(loop, op->waiter, EVT_DONE, 0); /* nothing when its fiber is already on its way out */
+}
+
+/* ---- waits: one constructor per kind, run by evt_suspend (loop.c) ---------------------------------- */
+
+static void
+wait_init(struct evt_wait *wait, struct evt_loop *loop, enum evt_wait_kind kind, int64_t timeout)
+{
+    evt_waiter_init(&wait->waiter, rb_fiber_current());
+    wait->loop = loop;
+    wait->kind = kind;
+    wait->timeout = timeout;
+    wait->forks = loop->forks;
+    wait->target = Qnil;
+    wait->selection = NULL;
+    wait->op = NULL;
+    wait->buffer = Qnil;
+    wait->locked = 0;
+}
+
+void
+evt_wait_io(struct evt_wait *wait, struct evt_loop *loop, VALUE io, int fd, int events, int64_t timeout)
+{
+    wait_init(wait, loop, EVT_WAIT_IO, timeout);
+    wait->waiter.io = io;
+    wait->waiter.fd = fd;
+    wait->waiter.events = events;
+}
+
+void
+evt_wait_block(struct evt_wait *wait, struct evt_loop *loop, int64_t timeout)
+{
+    wait_init(wait, loop, EVT_WAIT_BLOCK, timeout);
+}
+
+void
+evt_wait_yield(struct evt_wait *wait, struct evt_loop *loop)
+{
+    wait_init(wait, loop, EVT_WAIT_YIELD, -1);
+}
+
+void
+evt_wait_start(struct evt_wait *wait, struct evt_loop *loop, VALUE fiber)
+{
+    wait_init(wait, loop, EVT_WAIT_START, -1);
+    wait->target = fiber;
+}
+
+void
+evt_wait_select(struct evt_wait *wait, struct evt_loop *loop, struct evt_selection *selection, int64_t timeout)
+{
+    wait_init(wait, loop, EVT_WAIT_SELECT, timeout);
+    wait->selection = selection;
+}
+
+void
+evt_wait_op(struct evt_wait *wait, struct evt_loop *loop, VALUE io, struct evt_op *op, VALUE buffer, int64_t timeout)
+{
+    wait_init(wait, loop, EVT_WAIT_OP, timeout);
+    wait->waiter.io = io;
+    wait->op = op;
+    wait->buffer = buffer;
 }
