@@ -84,9 +84,8 @@ struct evt_fired {
     int events;
 };
 
-/* A backend's own state for one descriptor, kept in the core's registration. The core empties it
- * (evt_backend_slot_clear) when the kernel objects are made anew, and reads `generation` only, to
- * know whether a registration is new to the backend (another IO on the number). */
+/* A backend's own state for one descriptor, kept in the core's registration. The core never reads
+ * it; it empties it (evt_backend_slot_clear) when the kernel objects are made anew. */
 struct evt_backend_slot {
     uint32_t generation;  /* set by arm: the registration's generation the kernel watches for; 0: none */
     int interest;         /* events the kernel was last asked for */
