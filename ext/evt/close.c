@@ -153,13 +153,18 @@ evt_io_closing(VALUE io, int fd)
             loop_close_io(loop, io, fd, 0);
             continue;
         }
+        /* Another thread's loop, closed: no fiber waits in it and the kernel holds nothing of it. It is
+         * also what a loop left behind by its thread is (Ruby closes a thread's scheduler when the
+         * thread ends): garbage, perhaps, that the GC has not swept yet while the Ruby objects it
+         * holds may be (its requests array): it must not be touched. */
+        if (!loop->backend_data) continue;
         /* Another thread's loop: it wakes its fibers itself, as soon as it gets the GVL. First, its
          * transfers on fd must not reach the kernel under a number that is free again; that may let
          * other threads run, so it comes before the rest, which must happen in one go with the close
          * (no other thread running until Ruby marks io closed, or a fiber could start a transfer on
          * io after the loop served the request, and be left in the kernel). */
         VALUE keep = loop->self; /* the loop stays meanwhile */
-        if (loop->backend->closed_elsewhere && loop->backend_data) loop->backend->closed_elsewhere(loop, fd);
+        if (loop->backend->closed_elsewhere) loop->backend->closed_elsewhere(loop, fd);
         RB_GC_GUARD(keep);
         if (loop->kernel_ops && waited_on(loop, io, fd)) {
             rb_io_t *fptr = RFILE(io)->fptr;
