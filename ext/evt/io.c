@@ -233,6 +233,7 @@ struct transfer {
     int events;                   /* EVT_READABLE: a read into buffer; EVT_WRITABLE: a write from it */
     off_t position;               /* -1: at the file's own position; else pread/pwrite's */
     struct evt_registration *reg;
+    int waited;                   /* the last try waited (in the ring): fd and reg need a fresh look */
 };
 
 static void
@@ -245,6 +246,7 @@ transfer_open(struct transfer *t, VALUE self, VALUE io, VALUE buffer, off_t posi
     t->events = events;
     t->position = position;
     t->reg = transfer_registration(t->loop, t->io, t->fd);
+    t->waited = 0;
 }
 
 /* After a wait: the IO may have been closed meanwhile, and its number given to another file. Raise as
@@ -254,6 +256,7 @@ transfer_reopen(struct transfer *t)
 {
     t->fd = rb_io_descriptor(t->io);
     t->reg = transfer_registration(t->loop, t->io, t->fd);
+    t->waited = 0;
 }
 
 /* One read or write between the buffer at `offset` and the IO: at most `max` bytes, or up to the end
@@ -293,9 +296,9 @@ transfer_single(struct transfer *t, size_t offset, size_t max, int may_wait)
          * the same when it looks again after waiting). */
         if (RB_TYPE_P(t->io, T_FILE)) rb_io_check_closed(RFILE(t->io)->fptr);
         if (timed_out) rb_raise(rb_eIOTimeoutError, "Blocking operation timed out!");
-        transfer_reopen(t); /* it waited */
-        if (result > 0) t->reg->exhausted &= ~t->events; /* it went through: ready again, as far as we know */
-        else if (result == -EAGAIN) t->reg->exhausted |= t->events;
+        t->waited = 1; /* the IO may have been closed or reopened meanwhile: see transfer_reopen */
+        if (result > 0) reg->exhausted &= ~t->events; /* it went through: ready again, as far as we know */
+        else if (result == -EAGAIN) reg->exhausted |= t->events;
         return result;
     }
     ssize_t n = transfer_once(reg, t->fd, t->events, at, max, t->position);
@@ -324,6 +327,7 @@ transfer_single_hook(VALUE self, VALUE io, VALUE buffer, VALUE offset_value, VAL
         return INT2FIX(offset > size ? -EINVAL : 0);
     }
     for (;;) {
+        if (t.waited) transfer_reopen(&t);
         long n = transfer_single(&t, offset, length, 0);
         if (n != -EINTR) return LONG2NUM(n);
     }
@@ -440,6 +444,7 @@ transfer_minimum_hook(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VA
         }
     }
     for (;;) {
+        if (t.waited) transfer_reopen(&t); /* only when going on after a wait: not per finished transfer */
         long n = transfer_single(&t, offset + total, SIZE_MAX, total < length);
         if (n > 0) {
             total += n;
