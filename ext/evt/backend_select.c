@@ -44,7 +44,6 @@ typedef unsigned long select_word;
 enum { SET_READ, SET_WRITE, SET_EXCEPT, SETS };
 
 struct select_backend {
-    int wakeup_fd;                    /* the core's, always in the read set */
     int nfds;                         /* highest descriptor in the interest sets, plus one */
     int armed;                        /* registrations with a bit in the interest sets */
     size_t words;                     /* of each set: room for descriptors below words * WORD_BITS */
@@ -108,9 +107,8 @@ select_open(struct evt_loop *loop)
 {
     struct select_backend *backend = calloc(1, sizeof(*backend));
     if (!backend) return -ENOMEM;
-    backend->wakeup_fd = loop->wakeup.read_fd;
     backend->words = INITIAL_WORDS;
-    while (backend->words * WORD_BITS <= (size_t)backend->wakeup_fd) backend->words *= 2;
+    while (backend->words * WORD_BITS <= (size_t)loop->wakeup.read_fd) backend->words *= 2;
     backend->bits = calloc(backend->words * 2 * SETS, sizeof(*backend->bits));
     backend->regs = calloc(backend->words * WORD_BITS, sizeof(*backend->regs));
     if (!backend->bits || !backend->regs) {
@@ -118,8 +116,8 @@ select_open(struct evt_loop *loop)
         return -ENOMEM;
     }
     select_point(backend);
-    BIT_SET(backend->interest[SET_READ], backend->wakeup_fd);
-    backend->nfds = backend->wakeup_fd + 1;
+    BIT_SET(backend->interest[SET_READ], loop->wakeup.read_fd); /* always in the read set */
+    backend->nfds = loop->wakeup.read_fd + 1;
     loop->backend_data = backend;
     return 0;
 }
@@ -201,7 +199,7 @@ select_find_closed(struct evt_loop *loop, struct select_backend *backend, size_t
             int fd = (int)(i * WORD_BITS + (size_t)__builtin_ctzl(any));
             any &= any - 1;
             if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
-            if (fd == backend->wakeup_fd) return -1;
+            if (fd == loop->wakeup.read_fd) return -1;
             if (found == loop->fired_capacity) continue; /* reported by a later wait */
             loop->fired[found++] = (struct evt_fired){
                 .fd = fd,
@@ -252,7 +250,7 @@ select_wait(struct evt_loop *loop, int64_t timeout_ns)
                 select_word bit = any & -any;
                 int fd = (int)(i * WORD_BITS + (size_t)__builtin_ctzl(any));
                 any &= any - 1;
-                if (fd == backend->wakeup_fd) {
+                if (fd == loop->wakeup.read_fd) {
                     evt_wakeup_drain(&loop->wakeup);
                     continue;
                 }
