@@ -423,7 +423,7 @@ loop_io_pwrite_single(VALUE self, VALUE io, VALUE buffer, VALUE from, VALUE offs
 
 static VALUE
 transfer_minimum_hook(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VALUE offset_value, off_t position,
-                      int events)
+                      int events, int selector)
 {
     size_t length = NUM2SIZET(length_value), offset = NUM2SIZET(offset_value), total = 0;
     struct transfer t;
@@ -431,7 +431,8 @@ transfer_minimum_hook(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VA
     /* Length 0 asks for one transfer and allows -EAGAIN. Only read_nonblock needs that: Ruby's
      * other readers and writers either wait and try again after -EAGAIN (so waiting here saves the
      * round trip) or, like sysread and syswrite, count on the wait (write_nonblock does not come
-     * here at all). */
+     * here at all). A selector's caller may be anyone (async, a test): length 0 is one try there,
+     * unless the buffer is the IO's own, which only Ruby's io_fillbuf reads into. */
     if (length == 0 && position < 0) {
         if (events == EVT_WRITABLE) {
             length = 1;
@@ -440,7 +441,7 @@ transfer_minimum_hook(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VA
             const void *base;
             size_t size;
             rb_io_buffer_get_bytes_for_reading(buffer, &base, &size);
-            if (internal_read_buffer(t.io, base) || !called_by_read_nonblock()) length = 1;
+            if (internal_read_buffer(t.io, base) || (!selector && !called_by_read_nonblock())) length = 1;
         }
     }
     for (;;) {
@@ -480,7 +481,7 @@ transfer_minimum_hook(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VA
 static VALUE
 loop_io_read_minimum(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE offset)
 {
-    return transfer_minimum_hook(self, io, buffer, length, offset, -1, EVT_READABLE);
+    return transfer_minimum_hook(self, io, buffer, length, offset, -1, EVT_READABLE, 0);
 }
 
 /*
@@ -492,7 +493,7 @@ loop_io_read_minimum(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE off
 static VALUE
 loop_io_write_minimum(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE offset)
 {
-    return transfer_minimum_hook(self, io, buffer, length, offset, -1, EVT_WRITABLE);
+    return transfer_minimum_hook(self, io, buffer, length, offset, -1, EVT_WRITABLE, 0);
 }
 
 /*
@@ -506,7 +507,7 @@ loop_io_pread_minimum(VALUE self, VALUE io, VALUE buffer, VALUE from, VALUE leng
 {
     off_t position = NUM2OFFT(from);
     if (position < 0) return INT2FIX(-EINVAL); /* as pread(2) says; Ruby names the file */
-    return transfer_minimum_hook(self, io, buffer, length, offset, position, EVT_READABLE);
+    return transfer_minimum_hook(self, io, buffer, length, offset, position, EVT_READABLE, 0);
 }
 
 /*
@@ -519,6 +520,58 @@ static VALUE
 loop_io_pwrite_minimum(VALUE self, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
 {
     return pwrite_direct(io, buffer, NUM2OFFT(from), NUM2SIZET(offset), NUM2SIZET(length), 0);
+}
+
+/* ---- for the selector (selector.c): the same hooks, without a scheduler's conventions ------------ */
+
+/*
+ * One wait for io, as io-event's selectors do it: the events of +events+ that are ready, or false when
+ * the fiber was resumed without them (async's timeouts transfer to it). No time limit of its own.
+ */
+VALUE
+evt_io_wait_once(VALUE self, VALUE io, VALUE events_value)
+{
+    struct evt_loop *loop = evt_loop_get(self);
+    io = rb_io_get_io(io);
+    int fd = rb_io_descriptor(io);
+    int events = NUM2INT(events_value) & EVT_EVENTS;
+    if (events == 0) return Qfalse;
+    /* The fiber always waits for the next select, even when the IO is ready (async and io-event's
+     * tests count on that order: the others run before it goes on). Ready already, as far as a look
+     * says (the kernel would not report it again: epoll is edge-triggered), it waits in the ready
+     * queue; unless the IO is known not to be (EAGAIN since its last event), in the backend. */
+    struct evt_registration *reg = evt_registration_get(loop, fd, io);
+    int ready = (events & ~reg->exhausted) ? evt_poll_now(fd, events) : 0;
+    struct evt_wait wait;
+    evt_wait_io(&wait, loop, io, fd, events, -1);
+    wait.ready_now = ready;
+    switch (evt_suspend(&wait)) {
+    case EVT_IO_READY: return INT2FIX(wait.waiter.ready);
+    case EVT_CLOSED: evt_raise_closed();
+    default: return Qfalse;
+    }
+}
+
+/* Ruby 3.3 to 4.0's transfers (io_read and friends: at least +length+ bytes), at file position +from+
+ * unless it is nil. */
+VALUE
+evt_io_transfer_minimum(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE offset, VALUE from, int events)
+{
+    if (NIL_P(from)) return transfer_minimum_hook(self, io, buffer, length, offset, -1, events, 1);
+    if (events == EVT_READABLE) return loop_io_pread_minimum(self, io, buffer, from, length, offset);
+    return loop_io_pwrite_minimum(self, io, buffer, from, length, offset);
+}
+
+/* Ruby 4.1's transfers (one of at most +length+ bytes), at file position +from+ unless it is nil. */
+VALUE
+evt_io_transfer_single(VALUE self, VALUE io, VALUE buffer, VALUE offset, VALUE length, VALUE from, int events)
+{
+    if (NIL_P(from)) {
+        return events == EVT_READABLE ? loop_io_read_single(self, io, buffer, offset, length)
+                                      : loop_io_write_single(self, io, buffer, offset, length);
+    }
+    if (events == EVT_READABLE) return loop_io_pread_single(self, io, buffer, from, offset, length);
+    return loop_io_pwrite_single(self, io, buffer, from, offset, length);
 }
 
 void

@@ -23,6 +23,8 @@
 #include <ruby/thread.h>
 
 static VALUE eFiberError;
+static ID id_alive_p, id_transfer, id_raise, id_handle_interrupt;
+static VALUE signal_exception_never = Qnil;
 
 /* ---- switching fibers ------------------------------------------------------------------------- */
 
@@ -166,6 +168,32 @@ serve_closes(struct evt_loop *loop)
     serve_requests(loop, 0);
 }
 
+/* A selector's pushed entry: a Fiber is transferred to unless it has ended; anything else is asked
+ * alive? and then sent transfer, as io-event does. The waiter goes back to the spare list first. */
+static void
+run_pushed(struct evt_loop *loop, struct evt_waiter *w)
+{
+    VALUE object = w->fiber;
+    w->fiber = Qnil;
+    evt_list_remove(&w->io_link);
+    if (loop->spare_count < 64) {
+        evt_list_append(&loop->spare, &w->io_link);
+        loop->spare_count++;
+    }
+    else {
+        ruby_xfree(w);
+    }
+    if (rb_obj_is_fiber(object)) {
+        if (RTEST(rb_fiber_alive_p(object)) && object != rb_fiber_current()) switch_to(loop, object);
+        return;
+    }
+    if (RTEST(rb_funcall(object, id_alive_p, 0))) {
+        loop->current = Qnil;
+        rb_funcall(object, id_transfer, 0);
+        loop->current = loop->loop_fiber;
+    }
+}
+
 /* Resumes the fibers that were ready when it started. Returns 1 if `until` (the loop fiber's own
  * waiter, when the loop fiber itself waits) came up: the loop fiber then just carries on. */
 static int
@@ -179,12 +207,17 @@ resume_ready(struct evt_loop *loop, struct evt_waiter *until)
         w->state = EVT_IDLE;
         if (w == until) return 1;
         VALUE fiber = w->fiber;
+        if (w->allocated == EVT_HEAP_PUSHED) {
+            run_pushed(loop, w);
+            continue;
+        }
         if (w->allocated) {
             evt_list_remove(&w->io_link);
             ruby_xfree(w);
             loop->waiting--;
             if (!RTEST(rb_fiber_alive_p(fiber))) continue; /* ended meanwhile (killed) */
         }
+        if (RB_UNLIKELY(loop->selector && fiber == rb_fiber_current())) continue; /* its own resume's entry */
         switch_to(loop, fiber);
     }
     return 0;
@@ -241,6 +274,39 @@ end_kernel_wait(void *ptr)
     evt_wakeup_signal(&((struct evt_loop *)ptr)->wakeup);
 }
 
+#ifndef RB_NOGVL_PENDING_INTR_FAIL
+static VALUE
+wait_masked(RB_BLOCK_CALL_FUNC_ARGLIST(yielded, ptr))
+{
+    struct kernel_wait *wait = (struct kernel_wait *)ptr;
+    rb_thread_call_without_gvl2(wait_without_gvl, wait, end_kernel_wait, wait->loop);
+    return Qnil;
+}
+#endif
+
+/* A selector's blocking wait. async runs its loop with signals masked (Thread.handle_interrupt) and
+ * looks at Thread.pending_interrupt? between selects: an interrupt already pending must end the wait
+ * before it starts, not after the timeout, and none may be raised out of it (select returns 0). Ruby
+ * with RB_NOGVL_PENDING_INTR_FAIL says so itself; before it (3.3, 3.4), entering
+ * Thread.handle_interrupt raises the thread's interrupt flag again when interrupts are pending, and the
+ * GVL-free call right inside it sees that flag or installs its unblock function first (io-event's way). */
+static void
+wait_for_selector(struct kernel_wait *wait)
+{
+#ifdef RB_NOGVL_PENDING_INTR_FAIL
+    rb_nogvl(wait_without_gvl, wait, end_kernel_wait, wait->loop, RB_NOGVL_INTR_FAIL | RB_NOGVL_PENDING_INTR_FAIL);
+#else
+    rb_block_call(rb_cThread, id_handle_interrupt, 1, &signal_exception_never, wait_masked, (VALUE)wait);
+#endif
+}
+
+static VALUE
+wait_for_selector_protected(VALUE ptr)
+{
+    wait_for_selector((struct kernel_wait *)ptr);
+    return Qnil;
+}
+
 /* The backend's wait: the number of events it fired into loop->fired. A look (timeout 0) keeps the
  * GVL, which is not worth giving up for it. */
 static int
@@ -255,8 +321,11 @@ wait_in_kernel(struct evt_loop *loop, int64_t timeout)
         __atomic_store_n(&loop->blocked, 1, __ATOMIC_SEQ_CST);
         /* RB_NOGVL_INTR_FAIL: no interrupt check on the way out, where an exception would lose the
          * events just taken from the kernel; check_interrupts comes after dispatch. */
-        rb_nogvl(wait_without_gvl, &wait, end_kernel_wait, loop, RB_NOGVL_INTR_FAIL);
+        int state = 0;
+        if (loop->selector) rb_protect((VALUE(*)(VALUE))wait_for_selector_protected, (VALUE)&wait, &state);
+        else rb_nogvl(wait_without_gvl, &wait, end_kernel_wait, loop, RB_NOGVL_INTR_FAIL);
         __atomic_store_n(&loop->blocked, 0, __ATOMIC_SEQ_CST);
+        if (state) rb_jump_tag(state);
     }
     return wait.result; /* -errno: raised by dispatch, once the closes are served */
 }
@@ -332,6 +401,83 @@ evt_loop_run(struct evt_loop *loop, struct evt_waiter *until)
     rb_ensure(run_turns, (VALUE)&run, run_done, (VALUE)&run);
 }
 
+/* ---- the selector's turn: async's loop calls select, evt's phases do the rest ------------------- */
+
+/* Resumes the waiters this select's events woke (loop->dispatched), in order: the number resumed. */
+static int
+resume_dispatched(struct evt_loop *loop)
+{
+    int count = 0;
+    while (!evt_list_empty(&loop->dispatched)) {
+        struct evt_waiter *w = evt_container_of(loop->dispatched.next, struct evt_waiter, ready_link);
+        evt_list_remove(&w->ready_link);
+        loop->ready_count--;
+        w->state = EVT_IDLE;
+        count++;
+        if (w->fiber != rb_fiber_current()) switch_to(loop, w->fiber);
+    }
+    return count;
+}
+
+/* Dispatches what a wait collected into loop->dispatched, and resumes those waiters now: entries
+ * pushed meanwhile wait in loop->ready for the next select, as io-event's selectors have it. */
+static int
+dispatch_now(struct evt_loop *loop, int fired)
+{
+    if (fired < 0) dispatch(loop, fired); /* raises */
+    loop->dispatching = 1;
+    dispatch(loop, fired);
+    loop->dispatching = 0;
+    return resume_dispatched(loop);
+}
+
+int
+evt_loop_select(struct evt_loop *loop, int64_t timeout)
+{
+    loop->idle_ns = 0;
+    serve_requests(loop, 1);
+    size_t queued = loop->ready_count;
+    resume_ready(loop, NULL); /* those ready now; what they push waits for the next select */
+    if (!loop->backend_data) evt_loop_open(loop);
+    int64_t now = evt_now_ns();
+    fire_timers(loop, now); /* evt's own: IO#timeout on transfers the ring waits for */
+    int fired = wait_in_kernel(loop, 0);
+    serve_closes(loop);
+    int woke = dispatch_now(loop, fired);
+    if (queued || woke || loop->ready_count || loop->has_requests || timeout == 0) return woke;
+
+    now = evt_now_ns();
+    struct evt_timer *first = evt_timers_first(&loop->timers);
+    if (first) {
+        int64_t until_timer = first->deadline > now ? first->deadline - now : 0;
+        if (timeout < 0 || until_timer < timeout) timeout = until_timer;
+    }
+    fired = wait_in_kernel(loop, timeout);
+    loop->idle_ns = evt_now_ns() - now;
+    serve_closes(loop);
+    woke = dispatch_now(loop, fired);
+    fire_timers(loop, evt_now_ns());
+    return woke;
+}
+
+void
+evt_loop_push(struct evt_loop *loop, VALUE object)
+{
+    struct evt_waiter *w;
+    if (loop->spare_count) {
+        w = evt_container_of(loop->spare.next, struct evt_waiter, io_link);
+        evt_list_remove(&w->io_link);
+        loop->spare_count--;
+    }
+    else {
+        w = ALLOC(struct evt_waiter);
+    }
+    evt_waiter_init(w, object);
+    w->allocated = EVT_HEAP_PUSHED;
+    evt_list_append(&loop->allocated, &w->io_link);
+    evt_waiter_ready(loop, w);
+}
+
 /* ---- suspending: one way in (the waits are made by the constructors in waiters.c) ---------------- */
 
 /* Nothing to watch and no time limit: IO.select sleeps until interrupted; a block until unblock. */
@@ -391,6 +537,27 @@ start_op(struct evt_loop *loop, struct evt_wait *wait)
     else if (op->pending) loop->kernel_ops++;
 }
 
+/* A selector's loop fiber waiting itself (a read on the loop fiber, outside select): nothing else
+ * may run meanwhile, as without a scheduler, so it blocks in the kernel until its own wait ends;
+ * the events for other fibers wake them for the next select. A yield has nothing to wait for. */
+static void
+wait_on_loop_fiber(struct evt_loop *loop, struct evt_wait *wait)
+{
+    struct evt_waiter *w = &wait->waiter;
+    if (wait->kind == EVT_WAIT_YIELD) return;
+    while (w->state == EVT_WAITING) {
+        if (!loop->backend_data) evt_loop_open(loop);
+        int64_t now = evt_now_ns();
+        fire_timers(loop, now);
+        if (w->state != EVT_WAITING) break;
+        struct evt_timer *first = evt_timers_first(&loop->timers);
+        int fired = wait_in_kernel(loop, first ? (first->deadline > now ? first->deadline - now : 0) : -1);
+        serve_closes(loop);
+        dispatch(loop, fired);
+        check_interrupts();
+    }
+}
+
 static VALUE
 wait_body(VALUE ptr)
 {
@@ -406,7 +573,8 @@ wait_body(VALUE ptr)
 
     switch (wait->kind) {
     case EVT_WAIT_IO:
-        evt_waiter_attach(loop, w, w->io);
+        if (wait->ready_now) evt_waiter_wake(loop, w, EVT_IO_READY, wait->ready_now);
+        else evt_waiter_attach(loop, w, w->io);
         break;
     case EVT_WAIT_SELECT:
         start_select(loop, wait);
@@ -425,10 +593,14 @@ wait_body(VALUE ptr)
     }
 
     if (wait->kind == EVT_WAIT_START) {
-        loop->current = Qnil; /* until the new fiber says it runs */
-        rb_fiber_transfer(wait->target, 0, NULL);
+        if (!loop->selector) loop->current = Qnil; /* until the new fiber says it runs */
+        if (wait->raise) wait->value = rb_funcallv_kw(wait->target, id_raise, wait->argc, wait->argv, wait->kw_splat);
+        else wait->value = rb_fiber_transfer(wait->target, wait->argc, wait->argv);
     }
-    else if (w->fiber == loop->loop_fiber) evt_loop_run(loop, w); /* the loop fiber waits by running the loop */
+    else if (w->fiber == loop->loop_fiber) {
+        if (loop->selector) wait_on_loop_fiber(loop, wait);
+        else evt_loop_run(loop, w); /* the loop fiber waits by running the loop */
+    }
     else rb_fiber_transfer(loop->loop_fiber, 0, NULL);
     return Qnil;
 }
@@ -462,7 +634,7 @@ wait_ensure(VALUE ptr)
             evt_list_remove(&w->ready_link);
             loop->ready_count--;
         }
-        if (w->fiber != loop->loop_fiber) ready_the_switcher(loop, w->fiber);
+        if (w->fiber != loop->loop_fiber && !loop->selector) ready_the_switcher(loop, w->fiber);
     }
     evt_waiter_detach(loop, w);
     w->state = EVT_IDLE;
@@ -481,4 +653,12 @@ void
 evt_loop_core_init(void)
 {
     eFiberError = rb_const_get(rb_cObject, rb_intern("FiberError"));
+    id_alive_p = rb_intern("alive?");
+    id_transfer = rb_intern("transfer");
+    id_raise = rb_intern("raise");
+    id_handle_interrupt = rb_intern("handle_interrupt");
+    signal_exception_never = rb_hash_new();
+    rb_hash_aset(signal_exception_never, rb_eSignal, ID2SYM(rb_intern("never")));
+    rb_obj_freeze(signal_exception_never);
+    rb_gc_register_mark_object(signal_exception_never);
 }

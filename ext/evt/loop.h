@@ -53,8 +53,12 @@ struct evt_waiter {
     unsigned char outcome;       /* enum evt_outcome */
     unsigned char state;
     unsigned char unblockable;   /* in loop->unblockable: block and kernel_sleep */
-    unsigned char allocated;     /* on the heap, not a stack: the loop frees it when it resumes it */
+    unsigned char allocated;     /* EVT_HEAP_*: on the heap, not a stack (the loop frees or reuses it) */
 };
+
+/* A waiter on the heap: for a fiber that switched away (freed when resumed), or a selector's push
+ * (kept for the next push: pushing allocates nothing once the loop has run a while). */
+enum { EVT_HEAP_SWITCHER = 1, EVT_HEAP_PUSHED = 2 };
 
 /* A timeout_after in progress, on its fiber's stack below the block it guards. */
 struct evt_timeout {
@@ -94,7 +98,13 @@ struct evt_loop {
     VALUE current;            /* the fiber the loop last switched to (loop_fiber when it has control) */
     VALUE thread;
     struct evt_list ready;
-    size_t ready_count;
+    size_t ready_count;       /* in ready and in dispatched */
+    struct evt_list dispatched; /* selector: woken by this select's events, resumed before it returns */
+    int dispatching;          /* selector: evt_waiter_ready puts waiters in dispatched, not ready */
+    int selector;             /* driven by someone else's loop (Evt::Selector: async's), not evt_loop_run */
+    int64_t idle_ns;          /* selector: time the last select spent blocked in the kernel */
+    struct evt_list spare;    /* selector: pushed waiters to reuse, by io_link */
+    size_t spare_count;
     struct evt_list allocated; /* waiters on the heap (for fibers that switched away), by io_link */
     struct evt_list operations; /* waiters of transfers the backend does, by io_link */
     size_t kernel_ops;        /* transfers submitted to the kernel and not reaped: it may still use their
@@ -208,6 +218,12 @@ struct evt_wait {
     int64_t timeout;                 /* -1: none */
     unsigned forks;                  /* the loop's, when made: a wait resumed in a forked child is the parent's */
     VALUE target;                    /* EVT_WAIT_START: the new fiber */
+    int argc;                        /* EVT_WAIT_START: what to transfer to it (the selector's resume) */
+    const VALUE *argv;
+    int raise;                       /* EVT_WAIT_START: Fiber#raise it with argv instead (kw_splat: keywords) */
+    int kw_splat;
+    VALUE value;                     /* EVT_WAIT_START: what came back to the starter */
+    int ready_now;                   /* EVT_WAIT_IO: these events are ready already: to the ready queue */
     struct evt_selection *selection; /* EVT_WAIT_SELECT */
     struct evt_op *op;               /* EVT_WAIT_OP */
     VALUE buffer;                    /* EVT_WAIT_OP: the IO::Buffer, locked by us while the kernel may write to it */
@@ -238,6 +254,7 @@ enum evt_outcome evt_suspend(struct evt_wait *wait);
  *   loop.c     suspension and the run loop
  *   io.c       the IO hooks: io_wait and the transfers, one primitive under both interfaces
  *   hooks.c    the other scheduler hooks
+ *   selector.c Evt::Selector: the same loop, driven by async (io-event's selector interface)
  *   evt.c      Evt::Loop's other methods, Init_evt */
 
 /* waiters.c */
@@ -282,6 +299,12 @@ void evt_close_init(VALUE mEvt);
 /* loop.c */
 /* Runs the loop until no fiber waits, or until `until` (the loop fiber's own waiter) is resumed. */
 void evt_loop_run(struct evt_loop *loop, struct evt_waiter *until);
+/* A selector's one turn (select(duration)): the ready fibers, then the events, waiting up to `timeout`
+ * ns (-1: no limit) only when there was nothing to do. Returns the waiters the events woke. */
+int evt_loop_select(struct evt_loop *loop, int64_t timeout);
+/* A selector's push: `object` (a Fiber, or anything answering alive? and transfer) runs on a later
+ * select. From any thread holding the GVL. */
+void evt_loop_push(struct evt_loop *loop, VALUE object);
 void evt_loop_core_init(void);
 
 /* io.c */
@@ -289,7 +312,15 @@ void evt_loop_core_init(void);
 int64_t evt_timeout_ns(VALUE timeout);
 void evt_io_hooks_init(VALUE cLoop);
 
+/* io.c, for the selector */
+VALUE evt_io_wait_once(VALUE self, VALUE io, VALUE events);
+VALUE evt_io_transfer_minimum(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE offset, VALUE from, int events);
+VALUE evt_io_transfer_single(VALUE self, VALUE io, VALUE buffer, VALUE offset, VALUE length, VALUE from, int events);
+
 /* hooks.c */
 void evt_hooks_init(VALUE cLoop);
+
+/* selector.c */
+void evt_selector_init(VALUE mEvt, VALUE cLoop);
 
 #endif

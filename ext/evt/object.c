@@ -42,6 +42,7 @@ loop_mark(void *ptr)
     rb_gc_mark(loop->launch_caller);
     rb_gc_mark(loop->launch_error);
     EACH_WAITER(&loop->ready, ready_link, w) rb_gc_mark(w->fiber);
+    EACH_WAITER(&loop->dispatched, ready_link, w) rb_gc_mark(w->fiber);
     EACH_WAITER(&loop->operations, io_link, w) rb_gc_mark(w->fiber);
     for (size_t i = 0; i < loop->timers.size; i++) {
         struct evt_timer *timer = loop->timers.heap[i];
@@ -133,6 +134,7 @@ loop_free(void *ptr)
     evt_loop_close_backend(loop);
     /* Only the heap waiters: the others live on fiber stacks that may already be gone. */
     EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);
+    EACH_WAITER(&loop->spare, io_link, w) ruby_xfree(w);
     for (int fd = 0; fd < loop->registrations_size; fd++) ruby_xfree(loop->registrations[fd]);
     ruby_xfree(loop->registrations);
     evt_timers_free(&loop->timers);
@@ -200,6 +202,8 @@ evt_loop_alloc(VALUE klass)
     loop->launcher = loop->launch_caller = loop->launch_error = Qnil;
     evt_list_append(&evt_loops, &loop->link);
     evt_list_init(&loop->ready);
+    evt_list_init(&loop->dispatched);
+    evt_list_init(&loop->spare);
     evt_list_init(&loop->allocated);
     evt_list_init(&loop->operations);
     evt_timers_init(&loop->timers);
@@ -237,7 +241,9 @@ loop_after_fork(struct evt_loop *loop)
     evt_list_init(&loop->operations);
     loop->kernel_ops = 0; /* the parent's, in the parent's ring */
     evt_list_init(&loop->ready);
+    evt_list_init(&loop->dispatched);
     loop->ready_count = 0;
+    loop->dispatching = 0;
     evt_timers_clear(&loop->timers);
     st_clear(loop->unblockable);
     loop->requests = Qnil; /* the other threads are not in the child */
@@ -260,6 +266,7 @@ loop_after_fork(struct evt_loop *loop)
     loop->loop_fiber = loop->current = rb_fiber_current();
     loop->thread = rb_thread_current();
     loop->forks = evt_forks;
+    if (loop->selector) loop->selector = 2; /* a selector is its loop fiber's, which the child has not: closed */
 }
 
 /* The loop, after any fork; the kernel objects may still be closed. */

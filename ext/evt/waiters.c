@@ -125,7 +125,7 @@ void
 evt_waiter_ready(struct evt_loop *loop, struct evt_waiter *w)
 {
     w->state = EVT_READY;
-    evt_list_append(&loop->ready, &w->ready_link);
+    evt_list_append(RB_UNLIKELY(loop->dispatching) ? &loop->dispatched : &loop->ready, &w->ready_link);
     loop->ready_count++;
 }
 
@@ -181,6 +181,12 @@ wait_init(struct evt_wait *wait, struct evt_loop *loop, enum evt_wait_kind kind,
     wait->timeout = timeout;
     wait->forks = loop->forks;
     wait->target = Qnil;
+    wait->argc = 0;
+    wait->argv = NULL;
+    wait->raise = 0;
+    wait->kw_splat = 0;
+    wait->value = Qnil;
+    wait->ready_now = 0;
     wait->selection = NULL;
     wait->op = NULL;
     wait->buffer = Qnil;

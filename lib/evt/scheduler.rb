@@ -1,6 +1,48 @@
 # frozen_string_literal: true
 
 module Evt
+  # Process.wait and friends for {Scheduler} and {Selector}: waits for +pid+ without blocking the
+  # other fibers. A child process is watched by the loop: waitid in the ring (io_uring, Linux 6.7),
+  # else a pidfd it polls. Any child (pid <= 0), stop and continue reports, or a kernel with neither
+  # take a thread instead (killed if the wait is interrupted). The includer defines wait_readable(io).
+  module ProcessWaiting
+    # @return [Process::Status] (a status with pid -1 for "no such child", from which Ruby raises)
+    def process_wait(pid, flags)
+      status = Process::Status.wait(pid, flags | Process::WNOHANG)
+      return status if status || flags.anybits?(Process::WNOHANG)
+
+      if pid.positive? && flags.zero?
+        while wait_for_exit(pid)
+          status = Process::Status.wait(pid, Process::WNOHANG)
+          return status if status
+        end
+      end
+      waiter = Thread.new do
+        Thread.current.report_on_exception = false
+        Process::Status.wait(pid, flags)
+      end
+      waiter.value
+    ensure
+      waiter&.kill
+    end
+
+    private
+
+    # Waits in the loop until child +pid+ has ended (or is gone); false when the loop has no way to
+    # watch a process.
+    def wait_for_exit(pid)
+      exited = wait_child_exit(pid)
+      return true unless exited.nil?
+
+      descriptor = pidfd_open(pid) or return false
+      pidfd = IO.for_fd(descriptor, autoclose: true)
+      wait_readable(pidfd)
+      true
+    ensure
+      pidfd&.close
+    end
+  end
+
   # The hooks written in Ruby, shared by {Scheduler} (on the C loop) and {SelectScheduler} (on the
   # pure-Ruby loop). Prepended to each, so its methods come before the loop's, whichever loop that
   # is, and `super` reaches that loop.
@@ -70,26 +112,7 @@ module Evt
       end
     end
 
-    # Process.wait and friends: waits for +pid+ without blocking the other fibers. A child process
-    # is watched by the loop: waitid in the ring (io_uring, Linux 6.7), else a pidfd it polls. Any
-    # child (pid <= 0), stop and continue reports, or a kernel with neither take a thread instead.
-    # @return [Process::Status] (a status with pid -1 for "no such child", from which Ruby raises)
-    def process_wait(pid, flags)
-      status = Process::Status.wait(pid, flags | Process::WNOHANG)
-      return status if status || flags.anybits?(Process::WNOHANG)
-
-      if pid.positive? && flags.zero?
-        while wait_for_exit(pid)
-          status = Process::Status.wait(pid, Process::WNOHANG)
-          return status if status
-        end
-      end
-      waiter = Thread.new do
-        Thread.current.report_on_exception = false
-        Process::Status.wait(pid, flags)
-      end
-      waiter.value
-    end
+    include ProcessWaiting
 
     # Ruby 3.4 asks here to run a C function that would block the thread without the GVL (zlib,
     # large IO::Buffer copies, big-integer division, file I/O): on the {WorkerPool}'s threads, in
@@ -160,18 +183,9 @@ module Evt
       end
     end
 
-    # Waits in the loop until child +pid+ has ended (or is gone); false when the loop has no way to
-    # watch a process.
-    def wait_for_exit(pid)
-      exited = wait_child_exit(pid)
-      return true unless exited.nil?
-
-      descriptor = pidfd_open(pid) or return false
-      pidfd = IO.for_fd(descriptor, autoclose: true)
-      io_wait(pidfd, IO::READABLE, nil)
-      true
-    ensure
-      pidfd&.close
+    # ProcessWaiting's wait for a pidfd.
+    def wait_readable(io)
+      io_wait(io, IO::READABLE, nil)
     end
 
     def report(error, block)

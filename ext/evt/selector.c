@@ -1,0 +1,373 @@
+/* Evt::Selector: evt's loop driven by someone else's loop, through the interface io-event's selectors
+ * give async (IO::Event::Selector::Evt, lib/evt/async.rb; the contract, with io-event's and async's
+ * own tests, is described in README "async and Falcon on evt").
+ *
+ * The loop object, its backends, registrations, waiters and transfers are Evt::Loop's (Evt::Selector
+ * is a subclass); what differs is who turns the loop. async keeps its own timers and calls select
+ * once per turn of its run loop; fibers go to the loop fiber with transfer and come back when an
+ * event, a push or a resume readies them. So here:
+ *   - select(duration) is evt_loop_select (loop.c): the fibers ready when it starts, then the
+ *     events (waiting only when there was nothing to do), whose fibers run before it returns;
+ *   - io_wait returns false when its fiber is resumed without its events (async's timeouts);
+ *   - yield, resume and raise put the calling fiber in the ready queue as a stack waiter that
+ *     leaves it however the fiber comes back (evt_wait_yield/evt_wait_start), push puts any object
+ *     answering alive? and transfer there;
+ *   - a wait made by the loop fiber itself blocks it, as without a scheduler. */
+#include "loop.h"
+
+#include <ruby/fiber/scheduler.h>
+#include <ruby/io/buffer.h>
+
+#ifndef RUBY_FIBER_SCHEDULER_VERSION
+#define RUBY_FIBER_SCHEDULER_VERSION 1
+#endif
+
+static VALUE cSelector;
+
+/* The selector's loop, after any fork: used by its own thread. */
+static struct evt_loop *
+selector_get(VALUE self)
+{
+    struct evt_loop *loop = evt_loop_check(self);
+    if (RB_UNLIKELY(!loop->selector)) rb_raise(rb_eRuntimeError, "evt: the selector is not initialized");
+    return loop;
+}
+
+/* become_selector(loop_fiber): called by initialize, once Evt::Loop#initialize has opened the backend. */
+static VALUE
+selector_become(VALUE self, VALUE loop_fiber)
+{
+    struct evt_loop *loop = evt_loop_of(self);
+    if (!rb_obj_is_fiber(loop_fiber))
+        rb_raise(rb_eTypeError, "evt: a selector's loop must be a Fiber, not %" PRIsVALUE, rb_obj_class(loop_fiber));
+    loop->selector = 1;
+    loop->loop_fiber = loop->current = loop_fiber;
+    return self;
+}
+
+/*
+ * loop -> Fiber
+ *
+ * The fiber that calls #select, given to ::new.
+ */
+static VALUE
+selector_loop(VALUE self)
+{
+    return selector_get(self)->loop_fiber;
+}
+
+/*
+ * transfer -> Object
+ *
+ * Switches to the loop fiber; the current fiber goes on when something transfers back to it (a push,
+ * an event, a resume). On the loop fiber itself: returns nil at once.
+ */
+static VALUE
+selector_transfer(VALUE self)
+{
+    struct evt_loop *loop = selector_get(self);
+    if (rb_fiber_current() == loop->loop_fiber) return Qnil;
+    return rb_fiber_transfer(loop->loop_fiber, 0, NULL);
+}
+
+/*
+ * yield -> nil
+ *
+ * Lets the loop run the others: the current fiber goes on in the next #select.
+ */
+static VALUE
+selector_yield(VALUE self)
+{
+    struct evt_loop *loop = evt_loop_get(self);
+    struct evt_wait wait;
+    evt_wait_yield(&wait, loop);
+    evt_suspend(&wait);
+    return Qnil;
+}
+
+static VALUE
+start(int argc, VALUE *argv, VALUE self, int raise)
+{
+    rb_check_arity(argc, raise ? 2 : 1, UNLIMITED_ARGUMENTS);
+    struct evt_loop *loop = evt_loop_get(self);
+    struct evt_wait wait;
+    evt_wait_start(&wait, loop, argv[0]);
+    wait.argc = argc - 1;
+    wait.argv = argv + 1;
+    wait.raise = raise;
+    wait.kw_splat = rb_keyword_given_p() ? RB_PASS_KEYWORDS : RB_NO_KEYWORDS;
+    evt_suspend(&wait);
+    return wait.value;
+}
+
+/*
+ * resume(fiber, *arguments) -> Object
+ *
+ * Transfers to +fiber+ with +arguments+ now; the current fiber waits in the ready queue and goes on
+ * in a later #select, unless something transfers to it first. Returns what is transferred back.
+ */
+static VALUE
+selector_resume(int argc, VALUE *argv, VALUE self)
+{
+    return start(argc, argv, self, 0);
+}
+
+/*
+ * raise(fiber, *arguments, **options) -> Object
+ *
+ * As #resume, raising in +fiber+ (Fiber#raise with the same arguments and keywords, cause: included).
+ */
+static VALUE
+selector_raise(int argc, VALUE *argv, VALUE self)
+{
+    return start(argc, argv, self, 1);
+}
+
+/*
+ * push(fiber) -> nil
+ *
+ * Transfers to +fiber+ in the next #select, unless it has ended by then; +fiber+ may be any object
+ * answering alive? and transfer. From any thread (then call #wakeup).
+ */
+static VALUE
+selector_push(VALUE self, VALUE fiber)
+{
+    /* Not selector_get: another thread may push, and a forked child's loop is reset by evt_loop_check. */
+    evt_loop_push(evt_loop_check(self), fiber);
+    return Qnil;
+}
+
+/*
+ * ready? -> true or false
+ *
+ * Whether fibers wait in the ready queue.
+ */
+static VALUE
+selector_ready_p(VALUE self)
+{
+    return selector_get(self)->ready_count ? Qtrue : Qfalse;
+}
+
+/*
+ * select(duration) -> Integer
+ *
+ * One turn: the fibers that were ready, then the events, waiting for them up to +duration+ seconds
+ * (nil: no limit, 0: not at all) only when there was nothing else to do. Returns the number of
+ * fibers the events resumed; 0 when the wait was interrupted (the interrupt stays pending).
+ */
+static VALUE
+selector_select(VALUE self, VALUE duration)
+{
+    struct evt_loop *loop = selector_get(self);
+    if (RB_UNLIKELY(loop->selector == 2)) rb_raise(rb_eIOError, "evt: the selector is closed");
+    loop = evt_loop_get(self);
+    if (!NIL_P(duration) && !rb_obj_is_kind_of(duration, rb_cNumeric))
+        rb_raise(rb_eTypeError, "evt: select duration must be nil or Numeric, not %" PRIsVALUE, rb_obj_class(duration));
+    int64_t timeout = evt_timeout_ns(duration);
+    return INT2FIX(evt_loop_select(loop, timeout));
+}
+
+/*
+ * idle_duration -> Float
+ *
+ * Seconds the last #select spent waiting in the kernel (0.0 when it did not wait).
+ */
+static VALUE
+selector_idle_duration(VALUE self)
+{
+    return DBL2NUM((double)evt_loop_of(self)->idle_ns / 1e9);
+}
+
+/*
+ * wakeup -> true or false
+ *
+ * From any thread: ends the wait of a #select in progress (true), else does nothing (false).
+ */
+static VALUE
+selector_wakeup(VALUE self)
+{
+    struct evt_loop *loop = evt_loop_of(self);
+    if (!__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) || !loop->backend_data) return Qfalse;
+    if (!__atomic_exchange_n(&loop->woken, 1, __ATOMIC_SEQ_CST)) evt_wakeup_signal(&loop->wakeup);
+    return Qtrue;
+}
+
+/*
+ * close -> nil
+ *
+ * Releases the kernel objects (in a forked child, only its own copies of them).
+ */
+static VALUE
+selector_close(VALUE self)
+{
+    struct evt_loop *loop = evt_loop_check(self);
+    evt_loop_close_backend(loop);
+    loop->selector = 2; /* closed for good: select and the waits do not open it again */
+    return Qnil;
+}
+
+/*
+ * closed? -> true or false
+ *
+ * After #close, and in a forked child (the kernel objects are the parent's).
+ */
+static VALUE
+selector_closed_p(VALUE self)
+{
+    struct evt_loop *loop = evt_loop_of(self);
+    return loop->selector == 2 || loop->forks != evt_forks ? Qtrue : Qfalse;
+}
+
+/*
+ * io_wait(fiber, io, events) -> Integer or false
+ *
+ * Waits until +io+ has one of +events+ (IO::READABLE, IO::PRIORITY, IO::WRITABLE): returns those that
+ * are ready, or false when the fiber was resumed for something else.
+ */
+static VALUE
+selector_io_wait(VALUE self, VALUE fiber, VALUE io, VALUE events)
+{
+    return evt_io_wait_once(self, io, events);
+}
+
+/* io-event's rule for a range starting at or past the end of the buffer: -EINVAL past it, 0 at it
+ * (nothing to transfer); Qundef when the range starts inside. */
+static VALUE
+outside(VALUE buffer, VALUE offset)
+{
+    const void *base;
+    size_t size, at = NUM2SIZET(offset);
+    rb_io_buffer_get_bytes_for_reading(buffer, &base, &size);
+    if (at > size) return INT2FIX(-EINVAL);
+    if (at == size) return INT2FIX(0);
+    return Qundef;
+}
+
+#if RUBY_FIBER_SCHEDULER_VERSION >= 4
+/* Ruby 4.1 (scheduler interface 4): io_read(fiber, io, buffer, offset, length), one transfer. */
+static VALUE
+selector_io_read(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE offset, VALUE length)
+{
+    return evt_io_transfer_single(self, io, buffer, offset, length, Qnil, EVT_READABLE);
+}
+
+static VALUE
+selector_io_write(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE offset, VALUE length)
+{
+    return evt_io_transfer_single(self, io, buffer, offset, length, Qnil, EVT_WRITABLE);
+}
+
+static VALUE
+selector_io_pread(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE offset, VALUE length)
+{
+    return evt_io_transfer_single(self, io, buffer, offset, length, from, EVT_READABLE);
+}
+
+static VALUE
+selector_io_pwrite(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE offset, VALUE length)
+{
+    return evt_io_transfer_single(self, io, buffer, offset, length, from, EVT_WRITABLE);
+}
+#else
+/* Ruby 3.3 to 4.0: io_read(fiber, io, buffer, length, offset = 0), at least length bytes. */
+static VALUE
+transfer_minimum(int argc, VALUE *argv, VALUE self, int events)
+{
+    rb_check_arity(argc, 4, 5);
+    VALUE offset = argc == 5 ? argv[4] : INT2FIX(0);
+    VALUE early = outside(argv[2], offset);
+    if (!RB_UNDEF_P(early)) return early;
+    return evt_io_transfer_minimum(self, argv[1], argv[2], argv[3], offset, Qnil, events);
+}
+
+/*
+ * io_read(fiber, io, buffer, length, offset = 0) -> Integer
+ *
+ * Reads into +buffer+ from +offset+ at least +length+ bytes (0: one read, -EAGAIN when nothing is
+ * there), up to the end of the buffer, waiting as needed. Returns the bytes read (0: end of file) or
+ * -errno.
+ */
+static VALUE
+selector_io_read(int argc, VALUE *argv, VALUE self)
+{
+    return transfer_minimum(argc, argv, self, EVT_READABLE);
+}
+
+/*
+ * io_write(fiber, io, buffer, length, offset = 0) -> Integer
+ *
+ * Writes from +buffer+ at +offset+ at least +length+ bytes, waiting as needed. Returns the bytes
+ * written or -errno.
+ */
+static VALUE
+selector_io_write(int argc, VALUE *argv, VALUE self)
+{
+    return transfer_minimum(argc, argv, self, EVT_WRITABLE);
+}
+
+/*
+ * io_pread(fiber, io, buffer, from, length, offset) -> Integer
+ *
+ * As #io_read, at file position +from+ (which does not move).
+ */
+static VALUE
+selector_io_pread(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
+{
+    VALUE early = outside(buffer, offset);
+    if (!RB_UNDEF_P(early)) return early;
+    return evt_io_transfer_minimum(self, io, buffer, length, offset, from, EVT_READABLE);
+}
+
+/*
+ * io_pwrite(fiber, io, buffer, from, length, offset) -> Integer
+ *
+ * As #io_write, at file position +from+ (which does not move).
+ */
+static VALUE
+selector_io_pwrite(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
+{
+    VALUE early = outside(buffer, offset);
+    if (!RB_UNDEF_P(early)) return early;
+    return evt_io_transfer_minimum(self, io, buffer, length, offset, from, EVT_WRITABLE);
+}
+#endif
+
+void
+evt_selector_init(VALUE mEvt, VALUE cLoop)
+{
+    cSelector = rb_define_class_under(mEvt, "Selector", cLoop);
+    rb_define_private_method(cSelector, "become_selector", selector_become, 1);
+    rb_define_method(cSelector, "loop", selector_loop, 0);
+    rb_define_method(cSelector, "transfer", selector_transfer, 0);
+    rb_define_method(cSelector, "yield", selector_yield, 0);
+    rb_define_method(cSelector, "resume", selector_resume, -1);
+    rb_define_method(cSelector, "raise", selector_raise, -1);
+    rb_define_method(cSelector, "push", selector_push, 1);
+    rb_define_method(cSelector, "ready?", selector_ready_p, 0);
+    rb_define_method(cSelector, "select", selector_select, 1);
+    rb_define_method(cSelector, "idle_duration", selector_idle_duration, 0);
+    rb_define_method(cSelector, "wakeup", selector_wakeup, 0);
+    rb_define_method(cSelector, "close", selector_close, 0);
+    rb_define_method(cSelector, "closed?", selector_closed_p, 0);
+    rb_define_method(cSelector, "io_wait", selector_io_wait, 3);
+#if RUBY_FIBER_SCHEDULER_VERSION >= 4
+    rb_define_method(cSelector, "io_read", selector_io_read, 5);
+    rb_define_method(cSelector, "io_write", selector_io_write, 5);
+    rb_define_method(cSelector, "io_pread", selector_io_pread, 6);
+    rb_define_method(cSelector, "io_pwrite", selector_io_pwrite, 6);
+#else
+    rb_define_method(cSelector, "io_read", selector_io_read, -1);
+    rb_define_method(cSelector, "io_write", selector_io_write, -1);
+    rb_define_method(cSelector, "io_pread", selector_io_pread, 6);
+    rb_define_method(cSelector, "io_pwrite", selector_io_pwrite, 6);
+#endif
+    /* The scheduler's ways in, which a selector has no use for: async is the scheduler. */
+    rb_undef_method(cSelector, "run");
+    rb_undef_method(cSelector, "scheduler_close");
+    rb_undef_method(cSelector, "kernel_sleep");
+    rb_undef_method(cSelector, "block");
+    rb_undef_method(cSelector, "unblock");
+    rb_undef_method(cSelector, "io_select");
+    rb_undef_method(cSelector, "timeout_after");
+    rb_undef_method(cSelector, "fiber_interrupt");
+}
