@@ -243,32 +243,32 @@ outside(VALUE buffer, VALUE offset)
     return Qundef;
 }
 
-#if RUBY_FIBER_SCHEDULER_VERSION >= 4
-/* Ruby 4.1 (scheduler interface 4): io_read(fiber, io, buffer, offset, length), one transfer. */
+/* Ruby 4.1 (scheduler interface 4): io_read(fiber, io, buffer, offset, length), one transfer of at
+ * most length bytes (-EAGAIN when nothing is ready: Ruby waits with io_wait and tries again). */
 static VALUE
-selector_io_read(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE offset, VALUE length)
+selector_io_read_single(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE offset, VALUE length)
 {
     return evt_io_transfer_single(self, io, buffer, offset, length, Qnil, EVT_READABLE);
 }
 
 static VALUE
-selector_io_write(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE offset, VALUE length)
+selector_io_write_single(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE offset, VALUE length)
 {
     return evt_io_transfer_single(self, io, buffer, offset, length, Qnil, EVT_WRITABLE);
 }
 
 static VALUE
-selector_io_pread(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE offset, VALUE length)
+selector_io_pread_single(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE offset, VALUE length)
 {
     return evt_io_transfer_single(self, io, buffer, offset, length, from, EVT_READABLE);
 }
 
 static VALUE
-selector_io_pwrite(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE offset, VALUE length)
+selector_io_pwrite_single(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE offset, VALUE length)
 {
     return evt_io_transfer_single(self, io, buffer, offset, length, from, EVT_WRITABLE);
 }
-#else
+
 /* Ruby 3.3 to 4.0: io_read(fiber, io, buffer, length, offset = 0), at least length bytes. */
 static VALUE
 transfer_minimum(int argc, VALUE *argv, VALUE self, int events)
@@ -283,12 +283,12 @@ transfer_minimum(int argc, VALUE *argv, VALUE self, int events)
 /*
  * io_read(fiber, io, buffer, length, offset = 0) -> Integer
  *
- * Reads into +buffer+ from +offset+ at least +length+ bytes (0: one read, -EAGAIN when nothing is
- * there), up to the end of the buffer, waiting as needed. Returns the bytes read (0: end of file) or
- * -errno.
+ * Ruby 3.3 to 4.0's (Ruby 4.1: see io_read_single). Reads into +buffer+ from +offset+ at least +length+
+ * bytes (0: one read, -EAGAIN when nothing is there), up to the end of the buffer, waiting as needed.
+ * Returns the bytes read (0: end of file) or -errno.
  */
 static VALUE
-selector_io_read(int argc, VALUE *argv, VALUE self)
+selector_io_read_minimum(int argc, VALUE *argv, VALUE self)
 {
     return transfer_minimum(argc, argv, self, EVT_READABLE);
 }
@@ -300,7 +300,7 @@ selector_io_read(int argc, VALUE *argv, VALUE self)
  * written or -errno.
  */
 static VALUE
-selector_io_write(int argc, VALUE *argv, VALUE self)
+selector_io_write_minimum(int argc, VALUE *argv, VALUE self)
 {
     return transfer_minimum(argc, argv, self, EVT_WRITABLE);
 }
@@ -311,7 +311,7 @@ selector_io_write(int argc, VALUE *argv, VALUE self)
  * As #io_read, at file position +from+ (which does not move).
  */
 static VALUE
-selector_io_pread(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
+selector_io_pread_minimum(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
 {
     VALUE early = outside(buffer, offset);
     if (!RB_UNDEF_P(early)) return early;
@@ -324,13 +324,12 @@ selector_io_pread(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, V
  * As #io_write, at file position +from+ (which does not move).
  */
 static VALUE
-selector_io_pwrite(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
+selector_io_pwrite_minimum(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
 {
     VALUE early = outside(buffer, offset);
     if (!RB_UNDEF_P(early)) return early;
     return evt_io_transfer_minimum(self, io, buffer, length, offset, from, EVT_WRITABLE);
 }
-#endif
 
 void
 evt_selector_init(VALUE mEvt, VALUE cLoop)
@@ -350,17 +349,27 @@ evt_selector_init(VALUE mEvt, VALUE cLoop)
     rb_define_method(cSelector, "close", selector_close, 0);
     rb_define_method(cSelector, "closed?", selector_closed_p, 0);
     rb_define_method(cSelector, "io_wait", selector_io_wait, 3);
+    /* The two conventions for the integers of io_read and friends (see io.c): Ruby's own is public,
+     * both are there under their own names, so that each is tested on any Ruby. */
 #if RUBY_FIBER_SCHEDULER_VERSION >= 4
-    rb_define_method(cSelector, "io_read", selector_io_read, 5);
-    rb_define_method(cSelector, "io_write", selector_io_write, 5);
-    rb_define_method(cSelector, "io_pread", selector_io_pread, 6);
-    rb_define_method(cSelector, "io_pwrite", selector_io_pwrite, 6);
+    rb_define_method(cSelector, "io_read", selector_io_read_single, 5);
+    rb_define_method(cSelector, "io_write", selector_io_write_single, 5);
+    rb_define_method(cSelector, "io_pread", selector_io_pread_single, 6);
+    rb_define_method(cSelector, "io_pwrite", selector_io_pwrite_single, 6);
 #else
-    rb_define_method(cSelector, "io_read", selector_io_read, -1);
-    rb_define_method(cSelector, "io_write", selector_io_write, -1);
-    rb_define_method(cSelector, "io_pread", selector_io_pread, 6);
-    rb_define_method(cSelector, "io_pwrite", selector_io_pwrite, 6);
+    rb_define_method(cSelector, "io_read", selector_io_read_minimum, -1);
+    rb_define_method(cSelector, "io_write", selector_io_write_minimum, -1);
+    rb_define_method(cSelector, "io_pread", selector_io_pread_minimum, 6);
+    rb_define_method(cSelector, "io_pwrite", selector_io_pwrite_minimum, 6);
 #endif
+    rb_define_private_method(cSelector, "io_read_single", selector_io_read_single, 5);
+    rb_define_private_method(cSelector, "io_write_single", selector_io_write_single, 5);
+    rb_define_private_method(cSelector, "io_pread_single", selector_io_pread_single, 6);
+    rb_define_private_method(cSelector, "io_pwrite_single", selector_io_pwrite_single, 6);
+    rb_define_private_method(cSelector, "io_read_minimum", selector_io_read_minimum, -1);
+    rb_define_private_method(cSelector, "io_write_minimum", selector_io_write_minimum, -1);
+    rb_define_private_method(cSelector, "io_pread_minimum", selector_io_pread_minimum, 6);
+    rb_define_private_method(cSelector, "io_pwrite_minimum", selector_io_pwrite_minimum, 6);
     /* The scheduler's ways in, which a selector has no use for: async is the scheduler. */
     rb_undef_method(cSelector, "run");
     rb_undef_method(cSelector, "scheduler_close");
