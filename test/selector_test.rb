@@ -174,6 +174,28 @@ class SelectorTest < Minitest::Test
     assert_operator took, :<, 4
   end
 
+  # An exception from another thread ends a blocked select and goes on out of it (a signal would be
+  # held back, as async masks them); the selector goes on working.
+  def test_thread_raise_ends_a_blocked_select_and_the_selector_goes_on
+    reader, writer = IO.pipe
+    got = nil
+    Fiber.new { got = @selector.io_wait(Fiber.current, reader, IO::READABLE) }.transfer
+    loop_thread = Thread.current
+    raiser = Thread.new do
+      Thread.pass until loop_thread.status == "sleep"
+      writer.write("x")
+      loop_thread.raise(RuntimeError, "from another thread")
+    end
+    error = assert_raises(RuntimeError) { @selector.select(30) }
+    raiser.join
+    assert_equal "from another thread", error.message
+    select_until { got }
+    assert_equal IO::READABLE, got
+  ensure
+    reader&.close
+    writer&.close
+  end
+
   def test_io_wait_gives_the_events_and_waits_for_the_next_select_even_when_ready
     reader, writer = IO.pipe
     writer.write("x")

@@ -325,9 +325,25 @@ wait_in_kernel(struct evt_loop *loop, int64_t timeout)
         if (loop->selector) rb_protect((VALUE(*)(VALUE))wait_for_selector_protected, (VALUE)&wait, &state);
         else rb_nogvl(wait_without_gvl, &wait, end_kernel_wait, loop, RB_NOGVL_INTR_FAIL);
         __atomic_store_n(&loop->blocked, 0, __ATOMIC_SEQ_CST);
-        if (state) rb_jump_tag(state);
+        loop->interrupted = state; /* raised once the events are dispatched (raise_interrupted) */
     }
     return wait.result; /* -errno: raised by dispatch, once the closes are served */
+}
+
+/* A selector's wait that an exception ended (Thread#raise; signals are held back): the events it
+ * took are in the ready queue by now, for the next select; the exception goes on. */
+static void
+raise_interrupted(struct evt_loop *loop)
+{
+    int state = loop->interrupted;
+    if (RB_LIKELY(!state)) return;
+    loop->interrupted = 0;
+    while (!evt_list_empty(&loop->dispatched)) {
+        struct evt_list *node = loop->dispatched.next;
+        evt_list_remove(node);
+        evt_list_append(&loop->ready, node);
+    }
+    rb_jump_tag(state);
 }
 
 /* Hands what the wait collected to the waiters: the fired events of a readiness backend, then the
@@ -380,6 +396,7 @@ run_turns(VALUE ptr)
         int fired = wait_in_kernel(loop, poll_timeout(loop, now));
         serve_closes(loop);
         dispatch(loop, fired);
+        raise_interrupted(loop);
         check_interrupts();
     }
 }
@@ -424,10 +441,14 @@ resume_dispatched(struct evt_loop *loop)
 static int
 dispatch_now(struct evt_loop *loop, int fired)
 {
-    if (fired < 0) dispatch(loop, fired); /* raises */
+    if (fired < 0) {
+        raise_interrupted(loop);
+        dispatch(loop, fired); /* raises */
+    }
     loop->dispatching = 1;
     dispatch(loop, fired);
     loop->dispatching = 0;
+    raise_interrupted(loop);
     return resume_dispatched(loop);
 }
 
@@ -554,6 +575,7 @@ wait_on_loop_fiber(struct evt_loop *loop, struct evt_wait *wait)
         int fired = wait_in_kernel(loop, first ? (first->deadline > now ? first->deadline - now : 0) : -1);
         serve_closes(loop);
         dispatch(loop, fired);
+        raise_interrupted(loop);
         check_interrupts();
     }
 }

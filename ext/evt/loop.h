@@ -103,6 +103,8 @@ struct evt_loop {
     int dispatching;          /* selector: evt_waiter_ready puts waiters in dispatched, not ready */
     int selector;             /* driven by someone else's loop (Evt::Selector: async's), not evt_loop_run */
     int64_t idle_ns;          /* selector: time the last select spent blocked in the kernel */
+    int interrupted;          /* selector: the tag of an exception that ended the kernel wait, to raise
+                                 once its events are dispatched */
     struct evt_list spare;    /* selector: pushed waiters to reuse, by io_link */
     size_t spare_count;
     struct evt_list allocated; /* waiters on the heap (for fibers that switched away), by io_link */

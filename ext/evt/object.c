@@ -287,6 +287,7 @@ evt_loop_owned(VALUE self)
     struct evt_loop *loop = evt_loop_check(self);
     VALUE thread = rb_thread_current();
     if (RB_UNLIKELY(thread != loop->thread)) {
+        if (loop->selector) rb_raise(rb_eThreadError, "evt: this selector belongs to another thread (its loop fiber's)");
         if (loop->waiting || loop->running)
             rb_raise(rb_eThreadError, "evt: this scheduler belongs to another thread, where fibers wait in it");
         loop->thread = thread;
