@@ -224,6 +224,24 @@ class SelectorTest < Minitest::Test
     writer&.close
   end
 
+  # evt's IO#close wakes the fibers waiting on the IO, from this thread or another, on every Ruby
+  # (io-event's selectors leave them waiting before Ruby 4.0).
+  def test_closing_an_io_wakes_its_waiters_with_ioerror
+    [false, true].each do |other_thread|
+      reader, writer = IO.pipe
+      error = nil
+      Fiber.new do
+        @selector.io_wait(Fiber.current, reader, IO::READABLE)
+      rescue IOError => e
+        error = e
+      end.transfer
+      other_thread ? Thread.new { reader.close }.join : reader.close
+      select_until { error }
+      assert_kind_of IOError, error
+      writer.close
+    end
+  end
+
   def test_io_read_and_io_write_through_the_loop
     reader, writer = UNIXSocket.pair
     got = nil
