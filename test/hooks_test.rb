@@ -373,4 +373,34 @@ class HooksTest < Minitest::Test
     end
     assert_equal "true", report
   end
+
+  # Scheduler#yield is not one of Ruby's hooks: Async's and Itsi's schedulers offer it, and Itsi's
+  # server calls it (test/itsi_test.rb). As sleep(0): the other ready fibers run first.
+  def test_yield_lets_the_other_ready_fibers_run_then_carries_on
+    order = []
+    evt do
+      Fiber.schedule do
+        sleep 0
+        order << :other
+      end
+      assert_nil Fiber.scheduler.yield
+      order << :yielder
+    end
+    assert_equal %i[other yielder], order
+  end
+
+  # Itsi yields for as long as requests are queued: the fibers waiting for I/O must get theirs.
+  def test_a_fiber_yielding_in_a_loop_leaves_the_fibers_waiting_for_io_their_events
+    got = nil
+    evt do
+      reader, writer = IO.pipe
+      Fiber.schedule { got = reader.read(5) }
+      writer.write("hello")
+      Fiber.scheduler.yield until got
+    ensure
+      reader&.close
+      writer&.close
+    end
+    assert_equal "hello", got
+  end
 end

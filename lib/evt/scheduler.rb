@@ -128,6 +128,17 @@ module Evt
       (@pool ||= WorkerPool.new(@pool_size)).run(work)
     end
 
+    # Not a hook Ruby calls: the method Async::Scheduler and Itsi::Scheduler give the code that drives
+    # a scheduler itself, to let the other fibers run for a moment. Itsi's server (itsi-server, with
+    # `fiber_scheduler "Evt::Scheduler"`) calls it from its request-pulling fiber whenever requests
+    # are still queued after a batch; without it the NoMethodError silently ended that fiber, and
+    # with it the server. As sleep(0): the ready fibers run and the loop looks at the kernel's events
+    # (without waiting) before this fiber carries on.
+    # @return [nil]
+    def yield
+      kernel_sleep(0)
+    end
+
     # @return [Integer] the threads for blocking operations (0: none)
     attr_reader :pool_size
 
