@@ -5,6 +5,7 @@
 require "etc"
 require "fileutils"
 require "json"
+require "net/http"
 require "open3"
 require "optparse"
 require "rbconfig"
@@ -15,13 +16,23 @@ require_relative "soak"
 module Bench
   ROOT = File.expand_path("..", __dir__)
   SCENARIOS = %w[http-keepalive http-close pipe-pingpong timers idle-connections close-waiters blocking-ops
-                 http-cpu].freeze
+                 http-cpu falcon].freeze
   # Scenarios that run only when --only names them: soak takes 10 minutes per backend.
   ON_REQUEST = %w[soak].freeze
   # Scenarios about evt's use of every core, with subjects of their own (evt configured two ways).
   CORE_SUBJECTS = {"blocking-ops" => ->(_cores) { %w[evt-pool-off evt-pool-on threads] },
                    "http-cpu" => ->(cores) { ["evt-workers-1", "evt-workers-#{cores}"] }}.freeze
   PEERS = %w[blocking threads async-epoll async-uring].freeze
+  # falcon: Rack servers on a fiber scheduler, with subjects of their own: Falcon on io-event's
+  # selectors and on evt's (IO_EVENT_SELECTOR=Evt), and Itsi with async's scheduler and evt's.
+  FALCON_SUBJECTS = %w[falcon-epoll falcon-uring falcon-evt falcon-evt-epoll itsi-async itsi-evt].freeze
+  # falcon's apps (bench/rack_apps.rb), a table each: name => title.
+  FALCON_APPS = {"hello" => "hello", "sleep" => "sleep 1 ms"}.freeze
+  # falcon: the rows each server's evt rows are compared with (the best of them).
+  FALCON_BASELINES = {"falcon" => %w[falcon-epoll falcon-uring], "itsi" => %w[itsi-async]}.freeze
+  # falcon: seconds a GET waits for its answer after each wrk run, and wrk's --timeout: a server that
+  # stops answering fails its row rather than hanging it or passing with a few requests.
+  FALCON_PROBE = 2
   HZ = Etc.sysconf(Etc::SC_CLK_TCK)
 
   # Sizes: the full run, and --quick (the whole suite in under a minute).
@@ -67,9 +78,24 @@ module Bench
                       "subject 3 times, in fresh processes, and shows the median run)",
     "http-cpu" => "(Evt::Workers processes, not pinned: they may use every core; wrk pinned to CPU 1; " \
                   "CPU us/req counts every worker)",
+    "falcon" => "(one server process, one Ruby thread, pinned to CPU 0; CPU us/req counts the server's process " \
+                "group; falcon-*: Falcon::Server as a `falcon serve` worker runs it, without the supervisor, on " \
+                "io-event's EPoll or URing selector or on evt's (IO_EVENT_SELECTOR=Evt with RUBYOPT=-revt/async; " \
+                "falcon-evt on evt's default backend, falcon-evt-epoll with EVT_BACKEND=epoll); itsi-*: the itsi " \
+                "command, workers 1, threads 1, fiber_scheduler Async::Scheduler (io-event's default selector) or " \
+                "Evt::Scheduler; x io-event: CPU us/req, and req/s, over the same server's best io-event row; " \
+                "a server that stops answering fails its row; its stderr: tmp/bench/falcon.<subject>.<app>.stderr)",
   }.freeze
 
-  class Failure < StandardError; end
+  # A measurement that failed; +details+ go into its row (a server's stderr, say).
+  class Failure < StandardError
+    attr_reader :details
+
+    def initialize(message = nil, details = {})
+      super(message)
+      @details = details
+    end
+  end
 
   # One benchmark run: options in, tables on stdout, JSON and SVG out.
   class Run
@@ -96,8 +122,10 @@ module Bench
       @options[:only].each do |scenario|
         note ""
         note "== #{scenario}"
-        subjects_for(scenario, subjects).each do |subject, unavailable|
-          @results << measure(scenario, subject, unavailable)
+        own = subjects_for(scenario, subjects)
+        variants(scenario).each do |app|
+          note "  -- #{FALCON_APPS.fetch(app)}" if app
+          own.each { |subject, unavailable| @results << measure(scenario, subject, unavailable, app) }
         end
         add_ratios(scenario) unless scenario == "soak"
         print_table(scenario)
@@ -115,13 +143,16 @@ module Bench
         o.on("--json FILE", "write the results here (bench/results/latest.json)") { |f| @options[:json] = File.expand_path(f) }
         o.on("--svg FILE", "write the chart here (bench/results/latest.svg)") { |f| @options[:svg] = File.expand_path(f) }
         o.on("--only SCENARIO[,..]", Array, "scenarios: #{SCENARIOS.join(", ")} (all of them by default);",
+             "falcon: Falcon and Itsi serving a Rack app (hello; sleep 1 ms) on io-event's selectors and evt's;",
              "soak runs only when named here: mixed load for 10 minutes on each C backend (30 s with --quick)") do |list|
           unknown = list - SCENARIOS - ON_REQUEST
           raise OptionParser::InvalidArgument, "unknown scenario #{unknown.join(", ")}" unless unknown.empty?
 
           @options[:only] = list
         end
-        o.on("--subjects NAME[,..]", Array, "subjects to run (default: all)") { |list| @options[:subjects] = list }
+        o.on("--subjects NAME[,..]", Array, "subjects to run (default: all); falcon's own: #{FALCON_SUBJECTS.join(", ")}") do |list|
+          @options[:subjects] = list
+        end
         o.on("--duration S", Integer, "whole seconds each HTTP measurement lasts (not soak's)") do |s|
           raise OptionParser::InvalidArgument, "duration must be positive" unless s.positive?
 
@@ -143,7 +174,8 @@ module Bench
       async = async_problems
       subjects += %w[async-epoll async-uring].map { |name| [name, async[name]] }
       if @options[:subjects]
-        unknown = @options[:subjects] - subjects.map(&:first) - CORE_SUBJECTS.values.flat_map { |names| names.call(@cores) }
+        unknown = @options[:subjects] - subjects.map(&:first) - CORE_SUBJECTS.values.flat_map { |names| names.call(@cores) } -
+                  FALCON_SUBJECTS
         abort "bin/bench: unknown subject #{unknown.join(", ")}; subjects: #{subjects.map(&:first).join(", ")}" if unknown.any?
         subjects.select! { |name, _| @options[:subjects].include?(name) }
       end
@@ -153,6 +185,7 @@ module Bench
     # The core scenarios' own subjects (those --subjects names, if it names any of them).
     def subjects_for(scenario, subjects)
       return soak_subjects if scenario == "soak"
+      return falcon_subjects if scenario == "falcon"
 
       own = CORE_SUBJECTS[scenario] or return subjects
       names = own.call(@cores)
@@ -188,15 +221,21 @@ module Bench
        "async-uring" => selectors.include?("URing") ? nil : "io-event was built without liburing"}
     end
 
-    def measure(scenario, subject, unavailable)
+    # The app variants a scenario runs each subject with (falcon's apps), or [nil].
+    def variants(scenario)
+      scenario == "falcon" ? FALCON_APPS.keys : [nil]
+    end
+
+    def measure(scenario, subject, unavailable, app = nil)
       row = {scenario: scenario, subject: subject}
+      row[:app] = app if app
       return row.merge(skipped: unavailable) if unavailable
 
       reason = not_applicable(scenario, subject)
       return row.merge(skipped: reason) if reason
       return row.merge(soak(subject)) if scenario == "soak" # it reports its progress row by row
 
-      progress(subject) do
+      progress(app ? "#{subject} #{app}" : subject) do
         figures = case scenario
                   when "http-keepalive" then http(subject, keepalive: true)
                   when "http-close" then http(subject, keepalive: false)
@@ -206,15 +245,16 @@ module Bench
                   when "close-waiters" then close_waiters(subject)
                   when "blocking-ops" then blocking_ops(subject)
                   when "http-cpu" then http_cpu(subject)
+                  when "falcon" then falcon(subject, app)
                   end
         row.merge(figures)
       end
     rescue Failure, Timeout::Error, SystemCallError => e
-      row.merge(error: e.message.lines.first.strip)
+      row.merge(error: e.message.lines.first.strip, **(e.is_a?(Failure) ? e.details : {}))
     end
 
     def not_applicable(scenario, subject)
-      return nil if scenario.start_with?("http-") || CORE_SUBJECTS.key?(scenario)
+      return nil if scenario.start_with?("http-") || CORE_SUBJECTS.key?(scenario) || scenario == "falcon"
       return "an HTTP server only" if subject == "c-epoll"
       return "one thread cannot block on several readers" if scenario == "close-waiters" && subject == "blocking"
       return "one thread cannot hold #{@size[:idle]} waiting connections" if scenario == "idle-connections" && subject == "blocking"
@@ -262,12 +302,138 @@ module Bench
       end
     end
 
+    # ---- falcon ----------------------------------------------------------------------------------
+
+    # falcon's subjects, with why one cannot run: the gems missing (the :bench group), the selector
+    # io-event lacks, the backend evt lacks. That evt/async loads is not checked here: a selector that
+    # fails to load fails its rows, with the server's stderr.
+    def falcon_subjects
+      names = FALCON_SUBJECTS
+      names &= @options[:subjects] if @options[:subjects]&.intersect?(names)
+      problems = falcon_problems
+      names.map { |name| [name, problems[name]] }
+    end
+
+    def falcon_problems
+      check = <<~'RUBY'
+        problems = {}
+        begin
+          require "falcon/server"
+          require "io/event"
+          selectors = IO::Event::Selector.constants
+          problems["falcon-epoll"] = "io-event has no EPoll selector here" unless selectors.include?(:EPoll)
+          problems["falcon-uring"] = "io-event was built without liburing" unless selectors.include?(:URing)
+        rescue LoadError => e
+          %w[falcon-epoll falcon-uring falcon-evt falcon-evt-epoll].each { |name| problems[name] = "falcon does not load (#{e.message})" }
+        end
+        begin
+          Gem.bin_path("itsi-server", "itsi")
+          require "itsi/server"
+          require "async"
+        rescue LoadError, Gem::Exception => e
+          %w[itsi-async itsi-evt].each { |name| problems[name] = "itsi-server does not load (#{e.message})" }
+        end
+        puts JSON.generate(problems)
+      RUBY
+      out, err, status = Open3.capture3(bench_env, *ruby, "-rbundler/setup", "-rjson", "-e", check, chdir: ROOT)
+      unless status.success?
+        reason = "the bench gems are not installed (#{err.lines.grep(/Error|error/).first&.strip || "bundle install --with bench"})"
+        return FALCON_SUBJECTS.to_h { |name| [name, reason] }
+      end
+      problems = JSON.parse(out.lines.last)
+      if RUBY_VERSION < "3.3"
+        FALCON_SUBJECTS.grep(/\Afalcon-/).each { |name| problems[name] ||= "falcon 0.57 needs Ruby 3.3 or later" }
+      end
+      problems["falcon-evt-epoll"] ||= "evt has no epoll backend here" unless evt_backends.include?("epoll")
+      problems
+    end
+
+    # [command, environment, the loop the server must say it runs on, that loop's name] for a falcon
+    # subject.
+    def falcon_server(subject, app)
+      case subject
+      when /\Afalcon-(epoll|uring)\z/
+        selector = Regexp.last_match(1) == "epoll" ? "EPoll" : "URing"
+        [[*ruby, "-rbundler/setup", "bench/falcon_server.rb", app], {"IO_EVENT_SELECTOR" => selector},
+         /\A#<IO::Event::Selector::#{selector}\b/, "io-event's #{selector}"]
+      when /\Afalcon-evt(?:-(\w+))?\z/
+        # How an application switches: the selector's name, and evt/async loaded before async makes it.
+        backend = Regexp.last_match(1)
+        env = {"IO_EVENT_SELECTOR" => "Evt", "EVT_BACKEND" => backend,
+               "RUBYOPT" => [ENV.fetch("RUBYOPT", nil), "-I#{ROOT}/lib", "-revt/async"].compact.join(" ")}
+        [[*ruby, "-rbundler/setup", "bench/falcon_server.rb", app], env, /\A#<Evt::Selector #{backend || "\\w+"}\b/,
+         "Evt::Selector#{" on #{backend}" if backend}"]
+      when /\Aitsi-(async|evt)\z/
+        scheduler = Regexp.last_match(1) == "evt" ? "Evt::Scheduler" : "Async::Scheduler"
+        [[*ruby, "-rbundler/setup", "bench/itsi_server.rb", scheduler, app], {"EVT_BACKEND" => nil, "IO_EVENT_SELECTOR" => nil},
+         /\A#{scheduler}\z/, scheduler]
+      end
+    end
+
+    # One server, one app, under wrk's keep-alive load after the warm-up; a GET after each wrk run
+    # checks the server still answers. A failure carries the start of the server's stderr.
+    def falcon(subject, app)
+      log = File.join(ROOT, "tmp/bench/falcon.#{subject}.#{app}.stderr")
+      FileUtils.mkdir_p(File.dirname(log))
+      command, env, expected, expected_name = falcon_server(subject, app)
+      server = nil
+      begin
+        server = start_server(command, err: log, env: env)
+        runs_on = server[:line][/\((?:selector|scheduler) (.*)\)\s*\z/, 1]
+        raise Failure, "it runs on #{runs_on || "an unknown loop"}, not #{expected_name}" unless runs_on&.match?(expected)
+
+        url = "http://127.0.0.1:#{server[:port]}/"
+        warmup = wrk(url, 100, @size[:warmup], [], timeout: FALCON_PROBE)
+        answers!(server[:port], "after #{warmup[:requests]} requests in the #{@size[:warmup]} s warm-up")
+        before = group_cpu_seconds(server[:pid])
+        report = wrk(url, 100, @size[:duration], [], timeout: FALCON_PROBE)
+        used = group_cpu_seconds(server[:pid]) - before
+        answers!(server[:port], "after #{report[:requests]} requests in the #{@size[:duration]} s run")
+        {rps: report[:rps].round(0), cpu_us_per_req: (used * 1e6 / report[:requests]).round(2), p99_ms: report[:p99_ms],
+         errors: report[:errors], connections: 100, loop: short_loop(runs_on)}
+      rescue Failure, Timeout::Error, SystemCallError => e
+        reason = (soak_death(server, log) if ended?(server)) || e.message.lines.first.strip
+        first = stderr_lines(log).find { |l| l =~ /Error|error|abort|\[BUG\]/ }
+        reason += " (stderr: #{first.strip})" if first && !reason.include?(first.strip)
+        raise Failure.new(reason, stderr: stderr_lines(log).first(20), stderr_file: relative(log))
+      ensure
+        stop(server)
+      end
+    end
+
+    # Whether the server's process has ended (a zombie or gone): only then is there a death to report.
+    def ended?(server)
+      return false unless server
+
+      File.read("/proc/#{server[:pid]}/stat").split(") ").last.split.first == "Z"
+    rescue SystemCallError
+      true
+    end
+
+    # A GET of / must get the app's answer within FALCON_PROBE seconds.
+    def answers!(port, context)
+      response = Net::HTTP.start("127.0.0.1", port, open_timeout: FALCON_PROBE, read_timeout: FALCON_PROBE) { |http| http.get("/") }
+      return if response.code == "200" && response.body == "hello"
+
+      raise Failure, "a GET #{context} was answered #{response.code} #{response.body.to_s[0, 40].inspect}"
+    rescue Net::OpenTimeout, Net::ReadTimeout
+      raise Failure, "the server stopped answering: a GET #{context} had no answer in #{FALCON_PROBE} s"
+    rescue IOError, SystemCallError => e
+      raise Failure, "a GET #{context} failed: #{e.class}: #{e.message}"
+    end
+
+    # "EPoll" for io-event's selector, "Evt io_uring" for evt's, the scheduler's class for Itsi.
+    def short_loop(runs_on)
+      runs_on.sub(/\A#<IO::Event::Selector::(\w+).*\z/, '\\1').sub(/\A#<Evt::Selector (\w+).*\z/, 'Evt \\1')
+    end
+
     # A server in a process group of its own, pinned to CPU 0 unless told otherwise; it prints
-    # "listening on PORT". +mode+ "r+" gives its stdin too; +err+ is where its stderr goes.
-    def start_server(command, pinned: true, mode: "r", err: File::NULL)
-      stdout = IO.popen(bench_env, [*(pinned ? pin(0) : []), *command], mode, chdir: ROOT, err: err, pgroup: true)
+    # "listening on PORT" (that line is server[:line]). +mode+ "r+" gives its stdin too; +err+ is
+    # where its stderr goes; +env+ is added to the bench's environment (nil unsets).
+    def start_server(command, pinned: true, mode: "r", err: File::NULL, env: {})
+      stdout = IO.popen(bench_env.merge(env), [*(pinned ? pin(0) : []), *command], mode, chdir: ROOT, err: err, pgroup: true)
       server = {pid: stdout.pid, stdout: stdout}
-      line = Timeout.timeout(30) { stdout.gets }
+      line = server[:line] = Timeout.timeout(30) { stdout.gets }
       server[:port] = line && line[/listening on (\d+)/, 1] or raise Failure, "the server did not start"
       server
     rescue StandardError
@@ -286,9 +452,20 @@ module Bench
       server[:stdout].close
     end
 
-    def wrk(url, connections, seconds, headers)
-      out, status = Open3.capture2e(*pin(1), "wrk", "-t1", "-c#{connections}", "-d#{seconds}s", "--latency",
-                                    "--timeout", "5s", *headers, url)
+    # wrk's report; wrk itself gets its duration and 30 s more before it is killed and the run fails.
+    def wrk(url, connections, seconds, headers, timeout: 5)
+      command = [*pin(1), "wrk", "-t1", "-c#{connections}", "-d#{seconds}s", "--latency", "--timeout", "#{timeout}s",
+                 *headers, url]
+      out, status = Open3.popen2e(*command) do |stdin, output, waiter|
+        stdin.close
+        reader = Thread.new { output.read }
+        unless waiter.join(seconds + 30)
+          Process.kill(:KILL, waiter.pid)
+          waiter.join
+          raise Failure, "wrk did not end within #{seconds + 30} s"
+        end
+        [reader.value, waiter.value]
+      end
       raise Failure, "wrk failed: #{out.lines.last}" unless status.success?
 
       requests = out[/(\d+) requests in/, 1].to_i
@@ -608,10 +785,12 @@ module Bench
     def metric(scenario)
       {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "pipe-pingpong" => :seconds,
        "timers" => :seconds, "idle-connections" => :rss_mb, "close-waiters" => :close_avg_us,
-       "blocking-ops" => :seconds, "http-cpu" => :cpu_us_per_req}.fetch(scenario)
+       "blocking-ops" => :seconds, "http-cpu" => :cpu_us_per_req, "falcon" => :cpu_us_per_req}.fetch(scenario)
     end
 
     def add_ratios(scenario)
+      return add_falcon_ratios if scenario == "falcon"
+
       key = metric(scenario)
       rows = @results.select { |r| r[:scenario] == scenario && r[key] }
       c = rows.find { |r| r[:subject] == "c-epoll" }
@@ -631,7 +810,22 @@ module Bench
       end
     end
 
+    # falcon: each row against the best (least CPU per request) io-event row of the same server and app.
+    def add_falcon_ratios
+      rows = @results.select { |r| r[:scenario] == "falcon" && r[:cpu_us_per_req] }
+      rows.group_by { |r| r[:app] }.each_value do |same_app|
+        same_app.each do |row|
+          baselines = FALCON_BASELINES.fetch(row[:subject][/\A[a-z]+/])
+          best = same_app.select { |r| baselines.include?(r[:subject]) }.min_by { |r| r[:cpu_us_per_req] } or next
+          row[:io_event_row] = best[:subject]
+          row[:vs_io_event] = (row[:cpu_us_per_req] / best[:cpu_us_per_req]).round(2)
+          row[:rps_vs_io_event] = row[:rps].fdiv(best[:rps]).round(2)
+        end
+      end
+    end
+
     def print_table(scenario)
+      return print_falcon if scenario == "falcon"
       return print_close_waiters if scenario == "close-waiters"
       return print_soak if scenario == "soak"
 
@@ -666,6 +860,34 @@ module Bench
       best = rows.find { |r| r[:best_peer] }
       puts "best peer: #{best[:best_peer]}" if best
       puts NOTES[scenario] if NOTES[scenario]
+      $stdout.flush
+    end
+
+    # A table per app; a failed row shows the start of its server's stderr.
+    def print_falcon
+      columns = [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
+                 [:errors, "errors", "%d"], [:vs_io_event, "x io-event", "%.2f"], [:rps_vs_io_event, "req/s x i-e", "%.2f"]]
+      FALCON_APPS.each do |app, title|
+        rows = @results.select { |r| r[:scenario] == "falcon" && r[:app] == app }
+        next if rows.empty?
+
+        puts
+        puts "falcon (#{title}) (#{description("falcon")}; lower cpu_us_per_req is better)"
+        puts format("%-17s", "subject") + columns.map { |_, name, _| format(" %11s", name) }.join + "  loop"
+        rows.each do |row|
+          line = format("%-17s", row[:subject])
+          line += if row[:skipped] then "  n/a: #{row[:skipped]}"
+                  elsif row[:error] then "  FAILED: #{row[:error]}"
+                  else columns.map { |key, _, fmt| format(" %11s", cell(row[key], fmt)) }.join + "  #{row[:loop]}"
+                  end
+          puts line
+          next unless row[:error] && row[:stderr_file]
+
+          row[:stderr].to_a.first(6).each { |l| puts "    stderr: #{l[0, 160]}" }
+          puts "    (its stderr: #{row[:stderr_file]})"
+        end
+      end
+      puts NOTES["falcon"]
       $stdout.flush
     end
 
@@ -713,6 +935,7 @@ module Bench
       when "close-waiters" then "N = #{@size[:waiters].join(", ")} readers blocked on N pipes, every read end closed"
       when "blocking-ops" then "#{@size[:deflates]} fibers each deflating #{@size[:deflate_mib]} MiB with Zlib"
       when "http-cpu" then "wrk -t1 -c100 -d#{@size[:duration]}s, keep-alive, 0.5 ms of Ruby per request"
+      when "falcon" then "wrk -t1 -c100 -d#{@size[:duration]}s --timeout #{FALCON_PROBE}s, keep-alive"
       when "soak"
         "#{@size[:soak]} s of mixed load on one server per C backend, one backend at a time: " \
           "#{SOAK_LOAD.map { |c, headers| "wrk -t1 -c#{c} #{headers.empty? ? "keep-alive" : "Connection: close"}" }.join(" and ")} " \

@@ -10,7 +10,8 @@ module Bench
                "idle-connections" => [:rss_mb, "RSS MB"],
                "close-waiters" => [:close_avg_us, "µs per IO#close with a reader waiting, at the largest N"],
                "blocking-ops" => [:seconds, "seconds"],
-               "http-cpu" => [:cpu_us_per_req, "CPU µs per request, every worker counted"]}.freeze
+               "http-cpu" => [:cpu_us_per_req, "CPU µs per request, every worker counted"],
+               "falcon" => [:cpu_us_per_req, "server CPU µs per request"]}.freeze
     WIDTH = 960
     LABEL = 120
     BAR = 520
@@ -28,16 +29,18 @@ module Bench
         body << %(<rect x="#{16 + i * 110}" y="33" width="12" height="12" fill="#{color}"/>)
         body << text(32 + i * 110, 44, name)
       end
-      @document[:results].group_by { |r| r[:scenario] }.each do |scenario, rows|
+      # A panel per scenario, and per app where a scenario has several (falcon).
+      @document[:results].group_by { |r| [r[:scenario], r[:app]] }.each do |(scenario, app), rows|
         key, unit = METRICS.fetch(scenario)
-        body << text(16, y + 14, "#{scenario}: #{unit}", size: 13, weight: "bold")
+        title = app ? "#{scenario} (#{defined?(FALCON_APPS) ? FALCON_APPS.fetch(app, app) : app})" : scenario
+        body << text(16, y + 14, "#{title}: #{unit}", size: 13, weight: "bold")
         y += 22
         max = rows.filter_map { |r| r[key] }.max.to_f
         rows.each do |row|
           body << text(16, y + 14, row[:subject])
           if row[key]
             width = max.positive? ? (row[key] / max * BAR).clamp(1, BAR) : 1
-            color = row[:subject].start_with?("evt-") ? "#2f6fb3" : (row[:subject] == "c-epoll" ? "#777" : "#d08a2e")
+            color = row[:subject].match?(/(\A|-)evt(-|\z)/) ? "#2f6fb3" : (row[:subject] == "c-epoll" ? "#777" : "#d08a2e")
             body << %(<rect x="#{LABEL}" y="#{y + 3}" width="#{width.round(1)}" height="#{ROW - 6}" fill="#{color}"/>)
             body << text(LABEL + width + 6, y + 14, label(row, key))
           else
@@ -64,6 +67,9 @@ module Bench
       parts << format("%.2f× C", row[:vs_c]) if row[:vs_c]
       parts << format("%.2f× the first", row[:vs_first]) if row[:vs_first]
       parts << format("%.2f× its req/s", row[:rps_vs_first]) if row[:rps_vs_first]
+      if row[:vs_io_event] && row[:subject] != row[:io_event_row]
+        parts << format("%.2f× %s", row[:vs_io_event], row[:io_event_row])
+      end
       parts << "HANG: #{row[:woken]} of #{row[:n]} woken" if row[:hang]
       parts.join(" · ")
     end
