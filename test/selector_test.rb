@@ -343,6 +343,66 @@ class SelectorTest < Minitest::Test
     reader&.close
   end
 
+  # Fibers left suspended in a selector that is closed and dropped: the selector forgets them at
+  # close, so IO#close on their descriptors later (the fibers' stacks perhaps freed first by the GC)
+  # does not walk their waiters.
+  def test_closing_forgets_the_fibers_still_suspended_in_it
+    pipes = Array.new(20) { IO.pipe }
+    3.times do
+      3.times do
+        selector = Evt::Selector.new(Fiber.current, backend: BACKEND)
+        pipes.each { |r, _| selector.push(Fiber.new { selector.io_wait(Fiber.current, r, IO::READABLE) }) }
+        selector.select(0)
+        selector.close
+      end
+      GC.start(immediate_sweep: false) # the fibers and selectors are garbage; sweeping comes later
+      5.times { Fiber.new { Array.new(100) { "x" * 10 } }.resume }
+      pipes.each { |r, w| r.close && w.close }
+      pipes = Array.new(20) { IO.pipe }
+    end
+    pipes.each { |r, w| r.close && w.close }
+    pass
+  end
+
+  def test_a_closed_selector_refuses_waits_and_stays_closed
+    reader, writer = IO.pipe
+    selector = Evt::Selector.new(Fiber.current, backend: BACKEND)
+    selector.close
+    before = descriptor_table
+    assert_raises(IOError) { selector.yield }
+    assert_raises(IOError) { selector.io_wait(Fiber.current, reader, IO::READABLE) }
+    assert_raises(IOError) { selector.io_read(Fiber.current, reader, IO::Buffer.new(1), 1) }
+    assert_raises(IOError) { selector.resume(Fiber.new {}) }
+    assert selector.closed?
+    assert_nil selector.close
+    assert_no_descriptor_leaked(before, "a closed selector opened its kernel objects again")
+  ensure
+    reader&.close
+    writer&.close
+  end
+
+  def test_close_from_another_thread_is_refused
+    closer = Thread.new do
+      Thread.current.report_on_exception = false
+      @selector.close
+    end
+    assert_raises(ThreadError) { closer.value }
+    refute @selector.closed?
+  end
+
+  def test_write_of_length_zero_is_one_try
+    reader, writer = UNIXSocket.pair
+    chunk = IO::Buffer.new(1 << 16)
+    result = nil
+    Fiber.new do
+      result = @selector.io_write(Fiber.current, writer, chunk, 0) while result.nil? || result.positive?
+    end.transfer
+    assert_equal(-Errno::EAGAIN::Errno, result)
+  ensure
+    reader&.close
+    writer&.close
+  end
+
   def test_no_descriptor_left_after_close
     before = descriptor_table
     10.times { Evt::Selector.new(Fiber.current, backend: BACKEND).close }

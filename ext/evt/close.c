@@ -147,7 +147,8 @@ evt_io_closing(VALUE io, int fd)
     VALUE thread = Qundef;
     for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
         struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
-        if (loop->forks != evt_forks || !knows(loop, io, fd)) continue;
+        /* A closed selector has forgotten its waiters (and may be garbage not yet swept). */
+        if (loop->forks != evt_forks || loop->selector == 2 || !knows(loop, io, fd)) continue;
         if (RB_UNDEF_P(thread)) thread = rb_thread_current();
         if (loop->thread == thread) {
             loop_close_io(loop, io, fd, 0);

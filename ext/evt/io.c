@@ -431,11 +431,11 @@ transfer_minimum_hook(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VA
     /* Length 0 asks for one transfer and allows -EAGAIN. Only read_nonblock needs that: Ruby's
      * other readers and writers either wait and try again after -EAGAIN (so waiting here saves the
      * round trip) or, like sysread and syswrite, count on the wait (write_nonblock does not come
-     * here at all). A selector's caller may be anyone (async, a test): length 0 is one try there,
-     * unless the buffer is the IO's own, which only Ruby's io_fillbuf reads into. */
+     * here at all). A selector's caller may be anyone (async, a test): length 0 is one try there, as
+     * io-event has it, unless it reads into the IO's own buffer, which only Ruby's io_fillbuf does. */
     if (length == 0 && position < 0) {
         if (events == EVT_WRITABLE) {
-            length = 1;
+            if (!selector) length = 1;
         }
         else {
             const void *base;

@@ -641,6 +641,7 @@ wait_ensure(VALUE ptr)
         if (wait->locked) rb_io_buffer_unlock(wait->buffer);
         if (wait->op->orphan) evt_orphan_release(wait->op->orphan);
     }
+    if (RB_UNLIKELY(wait->epoch != loop->epoch)) return Qnil; /* forgotten: a selector closed under it */
     if (wait->kind == EVT_WAIT_SELECT) {
         for (long i = 0; i < wait->selection->count; i++) {
             struct evt_waiter *secondary = &wait->selection->waiters[i];

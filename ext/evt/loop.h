@@ -121,6 +121,7 @@ struct evt_loop {
     int woken;                /* a wakeup went to the kernel during this wait: more would be wasted */
     int running;              /* inside evt_loop_run (nested when the loop fiber itself waits) */
     unsigned forks;           /* evt_forks when the kernel objects were made */
+    unsigned epoch;           /* changes when the loop forgets its waiters (evt_loop_forget) */
     struct evt_list link;     /* in the process's list of loops, which IO#close looks through */
     VALUE requests;           /* from other threads: [io, fd] closed, [fiber, exception] to raise */
     int has_requests;
@@ -219,6 +220,7 @@ struct evt_wait {
     enum evt_wait_kind kind;
     int64_t timeout;                 /* -1: none */
     unsigned forks;                  /* the loop's, when made: a wait resumed in a forked child is the parent's */
+    unsigned epoch;                  /* the loop's, when made: a wait the loop has forgotten since is left alone */
     VALUE target;                    /* EVT_WAIT_START: the new fiber */
     int argc;                        /* EVT_WAIT_START: what to transfer to it (the selector's resume) */
     const VALUE *argv;
@@ -282,6 +284,8 @@ struct evt_loop *evt_loop_owned(VALUE self);
 struct evt_loop *evt_loop_get(VALUE self);
 void evt_loop_open(struct evt_loop *loop);
 void evt_loop_close_backend(struct evt_loop *loop);
+/* Lets go of every suspended fiber (after the backend is closed): a forked child, a closed selector. */
+void evt_loop_forget(struct evt_loop *loop);
 void evt_object_init(void);
 
 /* close.c */

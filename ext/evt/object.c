@@ -229,27 +229,23 @@ evt_loop_open(struct evt_loop *loop)
     }
 }
 
-/* In a forked child: the kernel objects are the parent's, and so are the fibers waiting in them.
- * Like the parent's other threads, those fibers do not go on in the child; the forking fiber,
- * which Ruby made the child's root fiber, now drives the loop. */
-static void
-loop_after_fork(struct evt_loop *loop)
+/* Lets go of every fiber suspended in the loop: none of them will be resumed by it (a forked child,
+ * where they are the parent's; a selector closed under them). Their waiters, on their stacks, stay
+ * as they are: the epoch tells their ensure the loop has forgotten them, so nothing here or there
+ * touches the other. The kernel objects must be closed first (their operations reaped). */
+void
+evt_loop_forget(struct evt_loop *loop)
 {
-    evt_loop_close_backend(loop);
     EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);
     evt_list_init(&loop->allocated);
     evt_list_init(&loop->operations);
-    loop->kernel_ops = 0; /* the parent's, in the parent's ring */
     evt_list_init(&loop->ready);
     evt_list_init(&loop->dispatched);
     loop->ready_count = 0;
     loop->dispatching = 0;
     evt_timers_clear(&loop->timers);
     st_clear(loop->unblockable);
-    loop->requests = Qnil; /* the other threads are not in the child */
-    loop->has_requests = 0;
     loop->early_unblock = Qnil;
-    loop->launcher = Qnil; /* perhaps another thread's, which the child has not */
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
         if (!reg) continue;
@@ -260,6 +256,21 @@ loop_after_fork(struct evt_loop *loop)
         reg->counts[0] = reg->counts[1] = reg->counts[2] = 0;
     }
     loop->waiting = 0;
+    loop->epoch++;
+}
+
+/* In a forked child: the kernel objects are the parent's, and so are the fibers waiting in them.
+ * Like the parent's other threads, those fibers do not go on in the child; the forking fiber,
+ * which Ruby made the child's root fiber, now drives the loop. */
+static void
+loop_after_fork(struct evt_loop *loop)
+{
+    evt_loop_close_backend(loop);
+    loop->kernel_ops = 0; /* the parent's, in the parent's ring */
+    evt_loop_forget(loop);
+    loop->requests = Qnil; /* the other threads are not in the child */
+    loop->has_requests = 0;
+    loop->launcher = Qnil; /* perhaps another thread's, which the child has not */
     loop->blocked = 0;
     loop->woken = 0;
     loop->running = 0;

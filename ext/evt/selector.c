@@ -24,13 +24,22 @@
 
 static VALUE cSelector;
 
-/* The selector's loop, after any fork: used by its own thread. */
+/* The selector's loop, after any fork. */
 static struct evt_loop *
 selector_get(VALUE self)
 {
     struct evt_loop *loop = evt_loop_check(self);
     if (RB_UNLIKELY(!loop->selector)) rb_raise(rb_eRuntimeError, "evt: the selector is not initialized");
     return loop;
+}
+
+/* The selector's loop, to wait in: IOError once it is closed (the waits would open it again). */
+static struct evt_loop *
+selector_open(VALUE self)
+{
+    struct evt_loop *loop = selector_get(self);
+    if (RB_UNLIKELY(loop->selector == 2)) rb_raise(rb_eIOError, "evt: the selector is closed");
+    return evt_loop_get(self);
 }
 
 /* become_selector(loop_fiber): called by initialize, once Evt::Loop#initialize has opened the backend. */
@@ -78,7 +87,7 @@ selector_transfer(VALUE self)
 static VALUE
 selector_yield(VALUE self)
 {
-    struct evt_loop *loop = evt_loop_get(self);
+    struct evt_loop *loop = selector_open(self);
     struct evt_wait wait;
     evt_wait_yield(&wait, loop);
     evt_suspend(&wait);
@@ -89,7 +98,7 @@ static VALUE
 start(int argc, VALUE *argv, VALUE self, int raise)
 {
     rb_check_arity(argc, raise ? 2 : 1, UNLIMITED_ARGUMENTS);
-    struct evt_loop *loop = evt_loop_get(self);
+    struct evt_loop *loop = selector_open(self);
     struct evt_wait wait;
     evt_wait_start(&wait, loop, argv[0]);
     wait.argc = argc - 1;
@@ -158,9 +167,7 @@ selector_ready_p(VALUE self)
 static VALUE
 selector_select(VALUE self, VALUE duration)
 {
-    struct evt_loop *loop = selector_get(self);
-    if (RB_UNLIKELY(loop->selector == 2)) rb_raise(rb_eIOError, "evt: the selector is closed");
-    loop = evt_loop_get(self);
+    struct evt_loop *loop = selector_open(self);
     if (!NIL_P(duration) && !rb_obj_is_kind_of(duration, rb_cNumeric))
         rb_raise(rb_eTypeError, "evt: select duration must be nil or Numeric, not %" PRIsVALUE, rb_obj_class(duration));
     int64_t timeout = evt_timeout_ns(duration);
@@ -201,7 +208,13 @@ static VALUE
 selector_close(VALUE self)
 {
     struct evt_loop *loop = evt_loop_check(self);
+    if (loop->selector == 2) return Qnil;
+    if (loop->thread != rb_thread_current())
+        rb_raise(rb_eThreadError, "evt: a selector is closed by its own thread (its loop fiber's)");
     evt_loop_close_backend(loop);
+    /* The fibers still suspended in it are not resumed by it any more: it forgets them now, while
+     * their stacks are known to be there (dropped with the selector, they may be freed before it). */
+    evt_loop_forget(loop);
     loop->selector = 2; /* closed for good: select and the waits do not open it again */
     return Qnil;
 }
@@ -227,6 +240,7 @@ selector_closed_p(VALUE self)
 static VALUE
 selector_io_wait(VALUE self, VALUE fiber, VALUE io, VALUE events)
 {
+    selector_open(self);
     return evt_io_wait_once(self, io, events);
 }
 
@@ -248,24 +262,28 @@ outside(VALUE buffer, VALUE offset)
 static VALUE
 selector_io_read_single(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE offset, VALUE length)
 {
+    selector_open(self);
     return evt_io_transfer_single(self, io, buffer, offset, length, Qnil, EVT_READABLE);
 }
 
 static VALUE
 selector_io_write_single(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE offset, VALUE length)
 {
+    selector_open(self);
     return evt_io_transfer_single(self, io, buffer, offset, length, Qnil, EVT_WRITABLE);
 }
 
 static VALUE
 selector_io_pread_single(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE offset, VALUE length)
 {
+    selector_open(self);
     return evt_io_transfer_single(self, io, buffer, offset, length, from, EVT_READABLE);
 }
 
 static VALUE
 selector_io_pwrite_single(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE offset, VALUE length)
 {
+    selector_open(self);
     return evt_io_transfer_single(self, io, buffer, offset, length, from, EVT_WRITABLE);
 }
 
@@ -274,6 +292,7 @@ static VALUE
 transfer_minimum(int argc, VALUE *argv, VALUE self, int events)
 {
     rb_check_arity(argc, 4, 5);
+    selector_open(self);
     VALUE offset = argc == 5 ? argv[4] : INT2FIX(0);
     VALUE early = outside(argv[2], offset);
     if (!RB_UNDEF_P(early)) return early;
@@ -313,6 +332,7 @@ selector_io_write_minimum(int argc, VALUE *argv, VALUE self)
 static VALUE
 selector_io_pread_minimum(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
 {
+    selector_open(self);
     VALUE early = outside(buffer, offset);
     if (!RB_UNDEF_P(early)) return early;
     return evt_io_transfer_minimum(self, io, buffer, length, offset, from, EVT_READABLE);
@@ -326,6 +346,7 @@ selector_io_pread_minimum(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE
 static VALUE
 selector_io_pwrite_minimum(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
 {
+    selector_open(self);
     VALUE early = outside(buffer, offset);
     if (!RB_UNDEF_P(early)) return early;
     return evt_io_transfer_minimum(self, io, buffer, length, offset, from, EVT_WRITABLE);

@@ -180,6 +180,7 @@ wait_init(struct evt_wait *wait, struct evt_loop *loop, enum evt_wait_kind kind,
     wait->kind = kind;
     wait->timeout = timeout;
     wait->forks = loop->forks;
+    wait->epoch = loop->epoch;
     wait->target = Qnil;
     wait->argc = 0;
     wait->argv = NULL;
