@@ -120,6 +120,7 @@ struct evt_op {
     size_t size;
     int64_t position;  /* -1: none */
     int socket;        /* use recv/send */
+    int nowait;        /* socket: MSG_DONTWAIT, -EAGAIN rather than waiting for room or data */
     int pending;       /* submitted, result not reaped yet */
     int cancelled;     /* the backend's: turned into a no-op before the kernel took it (reaped as -ECANCELED) */
     long result;       /* bytes, or -errno */

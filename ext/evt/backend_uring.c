@@ -296,8 +296,9 @@ uring_transfer(struct evt_loop *loop, struct evt_op *op)
     /* The kernel waits for readiness itself (it polls inside); an older one may answer -EAGAIN
      * for a descriptor in non-blocking mode, and the core then waits with a poll and asks again. */
     if (op->socket) {
-        if (op->events == EVT_READABLE) io_uring_prep_recv(sqe, op->fd, op->base, size, 0);
-        else io_uring_prep_send(sqe, op->fd, op->base, size, 0);
+        int flags = op->nowait ? MSG_DONTWAIT : 0;
+        if (op->events == EVT_READABLE) io_uring_prep_recv(sqe, op->fd, op->base, size, flags);
+        else io_uring_prep_send(sqe, op->fd, op->base, size, flags);
     }
     else {
         uint64_t offset = op->position < 0 ? (uint64_t)-1 : (uint64_t)op->position; /* -1: the file's position */

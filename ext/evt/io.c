@@ -284,11 +284,18 @@ transfer_single(struct transfer *t, size_t offset, size_t max, int may_wait)
     char *at = (char *)base + offset;
     struct evt_loop *loop = t->loop;
     struct evt_registration *reg = t->reg;
-    if (by_backend_transfer(loop, reg, t->position, may_wait, t->events)) {
+    /* A selector's one try at writing to a socket (length 0, as Ruby's IO#write asks) goes to the ring
+     * too, told not to wait: the sends of a whole turn of the loop reach the kernel in one system
+     * call, as the scheduler's do (sent one by one, each woke the peer on its own: ~20 % more CPU
+     * per request under Falcon). */
+    int nowait = !may_wait && loop->selector && loop->backend->transfer && t->events == EVT_WRITABLE &&
+                 (reg->flags & EVT_REG_SOCKET) && t->position < 0;
+    if (nowait || by_backend_transfer(loop, reg, t->position, may_wait, t->events)) {
         struct evt_op op = {
             .kind = EVT_OP_TRANSFER, .fd = t->fd, .events = t->events, .base = at, .size = max,
             .position = t->position < 0 ? -1 : t->position,
             .socket = (reg->flags & EVT_REG_SOCKET) && t->position < 0,
+            .nowait = nowait,
         };
         int timed_out;
         long result = transfer_by_backend(loop, t->io, t->buffer, &op, &timed_out);
