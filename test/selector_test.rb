@@ -183,7 +183,9 @@ class SelectorTest < Minitest::Test
     loop_thread = Thread.current
     raiser = Thread.new do
       Thread.pass until loop_thread.status == "sleep"
-      writer.write("x")
+      # Both before the loop thread runs again: write_nonblock keeps the GVL (IO#write would let the
+      # loop thread take it, and its select would end before the exception comes).
+      writer.write_nonblock("x")
       loop_thread.raise(RuntimeError, "from another thread")
     end
     error = assert_raises(RuntimeError) { @selector.select(30) }
