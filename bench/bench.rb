@@ -35,7 +35,7 @@ module Bench
   FALCON_PROBE = 2
   HZ = Etc.sysconf(Etc::SC_CLK_TCK)
 
-  # Sizes: the full run, and --quick (the whole suite in under a minute).
+  # Sizes: the full run, and --quick (the whole suite in about two minutes, half of it falcon).
   SIZES = {
     full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000,
            waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8, repeats: 3, soak: 600},
@@ -139,7 +139,7 @@ module Bench
     def parse(argv)
       OptionParser.new do |o|
         o.banner = "usage: bin/bench [options]"
-        o.on("--quick", "the whole suite in under a minute, smaller sizes") { @options[:quick] = true }
+        o.on("--quick", "the whole suite in about two minutes, smaller sizes") { @options[:quick] = true }
         o.on("--json FILE", "write the results here (bench/results/latest.json)") { |f| @options[:json] = File.expand_path(f) }
         o.on("--svg FILE", "write the chart here (bench/results/latest.svg)") { |f| @options[:svg] = File.expand_path(f) }
         o.on("--only SCENARIO[,..]", Array, "scenarios: #{SCENARIOS.join(", ")} (all of them by default);",
