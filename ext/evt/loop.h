@@ -168,14 +168,15 @@ evt_waiter_init(struct evt_waiter *w, VALUE fiber)
     w->allocated = 0;
 }
 
-/* Ends the loop's wait in the kernel, if it is in one, from another thread holding the GVL. The
- * first wakeup of a wait is enough: a batch of unblocks from a worker costs one system call. */
-static inline void
+/* Ends the loop's wait in the kernel, if it is in one, from another thread holding the GVL: whether
+ * it was in one. The first wakeup of a wait is enough: a batch of unblocks from a worker costs one
+ * system call. */
+static inline int
 evt_loop_wake(struct evt_loop *loop)
 {
-    if (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) && loop->backend_data &&
-        !__atomic_exchange_n(&loop->woken, 1, __ATOMIC_SEQ_CST))
-        evt_wakeup_signal(&loop->wakeup);
+    if (!__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) || !loop->backend_data) return 0;
+    if (!__atomic_exchange_n(&loop->woken, 1, __ATOMIC_SEQ_CST)) evt_wakeup_signal(&loop->wakeup);
+    return 1;
 }
 
 /* Whether Ruby has marked io closed. */

@@ -193,10 +193,7 @@ selector_idle_duration(VALUE self)
 static VALUE
 selector_wakeup(VALUE self)
 {
-    struct evt_loop *loop = evt_loop_of(self);
-    if (!__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) || !loop->backend_data) return Qfalse;
-    if (!__atomic_exchange_n(&loop->woken, 1, __ATOMIC_SEQ_CST)) evt_wakeup_signal(&loop->wakeup);
-    return Qtrue;
+    return evt_loop_wake(evt_loop_of(self)) ? Qtrue : Qfalse;
 }
 
 /*
