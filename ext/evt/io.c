@@ -130,6 +130,15 @@ wait_for_transfer(struct evt_loop *loop, VALUE io, int fd, int events)
         rb_raise(rb_eIOTimeoutError, "Blocking operation timed out!");
 }
 
+/* The events of io ready right now (poll(2)), unless they are known not to be: after io_read or
+ * io_write met EAGAIN, Ruby calls io_wait at once, and the next readiness will come as an event. */
+static int
+look_now(struct evt_loop *loop, VALUE io, int fd, int events)
+{
+    struct evt_registration *reg = evt_registration_get(loop, fd, io);
+    return (events & ~reg->exhausted) ? evt_poll_now(fd, events) : 0;
+}
+
 /*
  * io_wait(io, events, timeout) -> Integer or false
  *
@@ -145,15 +154,10 @@ loop_io_wait(VALUE self, VALUE io, VALUE events_value, VALUE timeout_value)
     int events = NUM2INT(events_value) & EVT_EVENTS;
     if (NIL_P(timeout_value)) timeout_value = rb_io_timeout(io);
     int64_t timeout = evt_timeout_ns(timeout_value);
-    /* After io_read or io_write met EAGAIN, Ruby calls here at once: those events are known not to
-     * be ready, and the next readiness will come as an event. Otherwise look first. */
-    struct evt_registration *reg = evt_registration_get(loop, fd, io);
-    if (events & ~reg->exhausted) {
-        int ready = evt_poll_now(fd, events);
-        if (ready) return INT2FIX(ready);
-    }
+    int ready = look_now(loop, io, fd, events);
+    if (ready) return INT2FIX(ready);
     if (timeout == 0 || events == 0) return Qfalse;
-    int ready = evt_loop_wait_io(loop, io, fd, events, timeout);
+    ready = evt_loop_wait_io(loop, io, fd, events, timeout);
     return ready ? INT2FIX(ready) : Qfalse;
 }
 
@@ -547,8 +551,7 @@ evt_io_wait_once(VALUE self, VALUE io, VALUE events_value)
      * tests count on that order: the others run before it goes on). Ready already, as far as a look
      * says (the kernel would not report it again: epoll is edge-triggered), it waits in the ready
      * queue; unless the IO is known not to be (EAGAIN since its last event), in the backend. */
-    struct evt_registration *reg = evt_registration_get(loop, fd, io);
-    int ready = (events & ~reg->exhausted) ? evt_poll_now(fd, events) : 0;
+    int ready = look_now(loop, io, fd, events);
     struct evt_wait wait;
     evt_wait_io(&wait, loop, io, fd, events, -1);
     wait.ready_now = ready;

@@ -284,16 +284,22 @@ selector_io_pwrite_single(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE
     return evt_io_transfer_single(self, io, buffer, offset, length, from, EVT_WRITABLE);
 }
 
-/* Ruby 3.3 to 4.0: io_read(fiber, io, buffer, length, offset = 0), at least length bytes. */
+/* Ruby 3.3 to 4.0's transfers: at least length bytes, at file position from unless it is nil. */
+static VALUE
+minimum(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE offset, VALUE from, int events)
+{
+    selector_open(self);
+    VALUE early = outside(buffer, offset);
+    if (!RB_UNDEF_P(early)) return early;
+    return evt_io_transfer_minimum(self, io, buffer, length, offset, from, events);
+}
+
+/* io_read(fiber, io, buffer, length, offset = 0) and io_write: offset optional. */
 static VALUE
 transfer_minimum(int argc, VALUE *argv, VALUE self, int events)
 {
     rb_check_arity(argc, 4, 5);
-    selector_open(self);
-    VALUE offset = argc == 5 ? argv[4] : INT2FIX(0);
-    VALUE early = outside(argv[2], offset);
-    if (!RB_UNDEF_P(early)) return early;
-    return evt_io_transfer_minimum(self, argv[1], argv[2], argv[3], offset, Qnil, events);
+    return minimum(self, argv[1], argv[2], argv[3], argc == 5 ? argv[4] : INT2FIX(0), Qnil, events);
 }
 
 /*
@@ -329,10 +335,7 @@ selector_io_write_minimum(int argc, VALUE *argv, VALUE self)
 static VALUE
 selector_io_pread_minimum(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
 {
-    selector_open(self);
-    VALUE early = outside(buffer, offset);
-    if (!RB_UNDEF_P(early)) return early;
-    return evt_io_transfer_minimum(self, io, buffer, length, offset, from, EVT_READABLE);
+    return minimum(self, io, buffer, length, offset, from, EVT_READABLE);
 }
 
 /*
@@ -343,10 +346,7 @@ selector_io_pread_minimum(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE
 static VALUE
 selector_io_pwrite_minimum(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
 {
-    selector_open(self);
-    VALUE early = outside(buffer, offset);
-    if (!RB_UNDEF_P(early)) return early;
-    return evt_io_transfer_minimum(self, io, buffer, length, offset, from, EVT_WRITABLE);
+    return minimum(self, io, buffer, length, offset, from, EVT_WRITABLE);
 }
 
 void
