@@ -1287,10 +1287,11 @@ module Evt
     end
 
     # Waiters on a descriptor closed under its IO object (IO.for_fd's twin closed it): woken as
-    # ready, so their retry meets EBADF, as poll(2)'s POLLNVAL does in the C backends.
+    # ready, so their retry meets EBADF, as poll(2)'s POLLNVAL does in the C backends. An IO another
+    # thread closes meanwhile (IOError from the look) is left to that close, which wakes its waiters.
     def wake_bad_descriptors
       @watched.keys.each do |io|
-        next if io.closed? || !rescuing(Errno::EBADF) { select_now([io], nil, nil) }.is_a?(Exception)
+        next if io.closed? || !rescuing(Errno::EBADF, IOError) { select_now([io], nil, nil) }.is_a?(Errno::EBADF)
 
         @watched[io]&.dup&.each { |waiter, wanted| wake(waiter, wanted) }
       end
