@@ -101,7 +101,7 @@ module Bench
   class Run
     def initialize(argv)
       @options = {quick: false, json: File.join(ROOT, "bench/results/latest.json"),
-                  svg: File.join(ROOT, "bench/results/latest.svg"), only: SCENARIOS, subjects: nil, duration: nil}
+                  svg: File.join(ROOT, "bench/results/latest.svg"), only: SCENARIOS, subjects: nil, duration: nil, repeat: 1}
       begin
         parse(argv)
       rescue OptionParser::ParseError => e
@@ -125,7 +125,7 @@ module Bench
         own = subjects_for(scenario, subjects)
         variants(scenario).each do |app|
           note "  -- #{FALCON_APPS.fetch(app)}" if app
-          own.each { |subject, unavailable| @results << measure(scenario, subject, unavailable, app) }
+          @results.concat(measure_rounds(scenario, own, app))
         end
         add_ratios(scenario) unless scenario == "soak"
         print_table(scenario)
@@ -157,6 +157,12 @@ module Bench
           raise OptionParser::InvalidArgument, "duration must be positive" unless s.positive?
 
           @options[:duration] = s
+        end
+        o.on("--repeat N", Integer, "run each scenario N times, the subjects taking turns, and show each",
+             "subject's median run (by the scenario's metric); every run's figure is kept") do |n|
+          raise OptionParser::InvalidArgument, "repeat must be positive" unless n.positive?
+
+          @options[:repeat] = n
         end
         o.on("--soak-duration S", Integer, "seconds soak lasts per backend (600; 30 with --quick);",
              "a row every 60 s, or every 5 s under 2 minutes") do |s|
@@ -224,6 +230,27 @@ module Bench
     # The app variants a scenario runs each subject with (falcon's apps), or [nil].
     def variants(scenario)
       scenario == "falcon" ? FALCON_APPS.keys : [nil]
+    end
+
+    # A scenario's rows for one app: each subject measured --repeat times, in rounds (every subject
+    # once per round, so that the machine's drift falls on all of them alike), and the run with the
+    # median metric kept, with every run's figure in :repeat_runs. A subject that fails any run fails its row.
+    def measure_rounds(scenario, subjects, app)
+      repeat = scenario == "soak" ? 1 : @options[:repeat]
+      runs = Array.new(repeat) do |round|
+        note "  round #{round + 1} of #{repeat}" if repeat > 1
+        subjects.map { |subject, unavailable| measure(scenario, subject, unavailable, app) }
+      end
+      return runs.first if repeat == 1
+
+      key = metric(scenario)
+      runs.transpose.map do |each_run|
+        failed = each_run.find { |row| row[:error] || row[:skipped] }
+        next failed.merge(failed_runs: each_run.count { |row| row[:error] }) if failed
+
+        median = each_run.sort_by { |row| row[key] }[each_run.size / 2]
+        median.merge(repeat_runs: each_run.map { |row| row[key] })
+      end
     end
 
     def measure(scenario, subject, unavailable, app = nil)
@@ -859,6 +886,7 @@ module Bench
       end
       best = rows.find { |r| r[:best_peer] }
       puts "best peer: #{best[:best_peer]}" if best
+      print_repeats(rows, metric(scenario))
       puts NOTES[scenario] if NOTES[scenario]
       $stdout.flush
     end
@@ -886,9 +914,19 @@ module Bench
           row[:stderr].to_a.first(6).each { |l| puts "    stderr: #{l[0, 160]}" }
           puts "    (its stderr: #{row[:stderr_file]})"
         end
+        print_repeats(rows, :cpu_us_per_req)
       end
       puts NOTES["falcon"]
       $stdout.flush
+    end
+
+    # With --repeat: that the rows are median runs, and every run's figure.
+    def print_repeats(rows, key)
+      repeated = rows.select { |r| r[:repeat_runs] }
+      return if repeated.empty?
+
+      puts "each row is the median of #{repeated.first[:repeat_runs].size} runs by #{key}; every run's #{key}:"
+      repeated.each { |r| puts format("  %-17s %s", r[:subject], r[:repeat_runs].map { |v| format("%.4g", v) }.join("  ")) }
     end
 
     def cell(value, fmt)
