@@ -139,6 +139,26 @@ module Evt
       kernel_sleep(0)
     end
 
+    # Timeout.timeout. Without a class of the caller's, the timeout library hands a scheduler
+    # Timeout::Error itself, which the code inside the block may rescue: Net::HTTP rescues it as a
+    # retryable error and sends its request again, outside the timeout's reach. Ruby without a
+    # scheduler raises an internal Timeout::ExitException there, which no `rescue StandardError`
+    # catches, and turns it into Timeout::Error only where the block ends; so does evt. (A caller
+    # that names Timeout::Error itself gets the same, where Ruby would raise it inside the block:
+    # the timeout library passes both alike.) Any other class is raised inside the block, as Ruby does.
+    def timeout_after(duration, exception_class, *arguments, &block)
+      return super unless exception_class.equal?(::Timeout::Error) && defined?(::Timeout::ExitException)
+
+      exit = ::Timeout::ExitException.new(*arguments)
+      begin
+        super(duration, exit, &block)
+      rescue ::Timeout::ExitException => e
+        raise unless e.equal?(exit) # an outer timeout's: it ends where that one's block does
+
+        raise exception_class.new(*arguments)
+      end
+    end
+
     # @return [Integer] the threads for blocking operations (0: none)
     attr_reader :pool_size
 
