@@ -15,8 +15,8 @@ require_relative "soak"
 
 module Bench
   ROOT = File.expand_path("..", __dir__)
-  SCENARIOS = %w[http-keepalive http-close pipe-pingpong timers idle-connections close-waiters blocking-ops
-                 http-cpu falcon].freeze
+  SCENARIOS = %w[http-keepalive http-close pipe-pingpong write-pieces timers idle-connections close-waiters
+                 blocking-ops http-cpu falcon].freeze
   # Scenarios that run only when --only names them: soak takes 10 minutes per backend.
   ON_REQUEST = %w[soak].freeze
   # Scenarios about evt's use of every core, with subjects of their own (evt configured two ways).
@@ -38,9 +38,9 @@ module Bench
   # Sizes: the full run, and --quick (the whole suite in about two minutes, half of it falcon).
   SIZES = {
     full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000,
-           waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8, repeats: 3, soak: 600},
+           waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8, repeats: 3, soak: 600, rounds: 50},
     quick: {duration: 1, warmup: 1, strace: 1, pairs: 10, messages: 2_000, fibers: 10_000, idle: 1_000,
-            waiters: [10, 100, 1000], deflates: 4, deflate_mib: 2, repeats: 1, soak: 30},
+            waiters: [10, 100, 1000], deflates: 4, deflate_mib: 2, repeats: 1, soak: 30, rounds: 20},
   }.freeze
 
   # soak's HTTP load: two wrk at once, [connections, headers].
@@ -70,6 +70,9 @@ module Bench
               "parked where they hold the same ones (so flat means the same count at every row), and " \
               "Process.warmup run (full GC, compaction, malloc_trim: RSS is what stays, not garbage or memory " \
               "malloc keeps free); late ms: the latest a sleeper woke in the row)",
+    "write-pieces" => "(the server answers each request with io.write(head, body), or with io.write(head + body); " \
+                      "Ruby without a scheduler sends either in one system call: a scheduler sending the two strings " \
+                      "as two TCP segments makes the second wait for the client's delayed ACK, ~40 ms)",
     "http-keepalive" => "(syscalls/req: a separate 1-2 s run under strace -c -f, which slows the server down)",
     "close-waiters" => "(us: IO#close's average time per IO; woken: readers the closes themselves ended with " \
                        "IOError, of N; HANG: the rest never woke)",
@@ -267,6 +270,7 @@ module Bench
                   when "http-keepalive" then http(subject, keepalive: true)
                   when "http-close" then http(subject, keepalive: false)
                   when "pipe-pingpong" then script("pipe_pingpong.rb", subject, @size[:pairs], @size[:messages])
+                  when "write-pieces" then script("write_pieces.rb", subject, @size[:rounds])
                   when "timers" then timers(subject)
                   when "idle-connections" then idle(subject)
                   when "close-waiters" then close_waiters(subject)
@@ -810,7 +814,7 @@ module Bench
 
     # What each scenario is judged by: lower is better for all of them.
     def metric(scenario)
-      {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "pipe-pingpong" => :seconds,
+      {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "pipe-pingpong" => :seconds, "write-pieces" => :split_ms,
        "timers" => :seconds, "idle-connections" => :rss_mb, "close-waiters" => :close_avg_us,
        "blocking-ops" => :seconds, "http-cpu" => :cpu_us_per_req, "falcon" => :cpu_us_per_req}.fetch(scenario)
     end
@@ -866,6 +870,8 @@ module Bench
                 elsif scenario.start_with?("http-")
                   [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
                    [:errors, "errors", "%d"], [:syscalls_per_req, "syscalls/req", "%.2f"], [:vs_c, "x C", "%.2f"]]
+                elsif scenario == "write-pieces"
+                  [[:split_ms, "write(a,b) ms", "%.3f"], [:joined_ms, "write(a+b) ms", "%.3f"]]
                 elsif scenario == "idle-connections"
                   [[:rss_mb, "RSS MB", "%.1f"]]
                 else
@@ -968,6 +974,7 @@ module Bench
       when "http-keepalive" then "wrk -t1 -c100 -d#{@size[:duration]}s, keep-alive; blocking with -c1"
       when "http-close" then "wrk -t1 -c100 -d#{@size[:duration]}s, Connection: close"
       when "pipe-pingpong" then "#{@size[:pairs]} pipe pairs x #{@size[:messages]} x 1 KiB"
+      when "write-pieces" then "#{@size[:rounds]} keep-alive requests from a client without a scheduler; mean round trip"
       when "timers" then "#{@size[:fibers]} fibers sleeping 0-100 ms"
       when "idle-connections" then "#{@size[:idle]} idle connections, a reader waiting on each"
       when "close-waiters" then "N = #{@size[:waiters].join(", ")} readers blocked on N pipes, every read end closed"

@@ -6,7 +6,9 @@ module Bench
   class Chart
     METRICS = {"http-keepalive" => [:cpu_us_per_req, "server CPU µs per request"],
                "http-close" => [:cpu_us_per_req, "server CPU µs per request"],
-               "pipe-pingpong" => [:seconds, "seconds"], "timers" => [:seconds, "seconds"],
+               "pipe-pingpong" => [:seconds, "seconds"],
+               "write-pieces" => [:split_ms, "ms per keep-alive round trip, answer written as io.write(head, body)"],
+               "timers" => [:seconds, "seconds"],
                "idle-connections" => [:rss_mb, "RSS MB"],
                "close-waiters" => [:close_avg_us, "µs per IO#close with a reader waiting, at the largest N"],
                "blocking-ops" => [:seconds, "seconds"],

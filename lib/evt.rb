@@ -58,6 +58,7 @@ require_relative "evt/resolver" # loads socket
 BasicSocket.prepend(Evt::SocketShutdownWakesWaiters) if defined?(Evt::SocketShutdownWakesWaiters)
 require_relative "evt/worker_pool"
 require_relative "evt/scheduler"
+require_relative "evt/socket_write"
 require_relative "evt/selector" if Evt.extension? # the loop behind io-event's selector interface (evt/async)
 
 # evt: a Fiber Scheduler for CRuby on the fastest event mechanism the platform has.

@@ -314,4 +314,5 @@ Init_evt(void)
     evt_hooks_init(evt_cLoop);
     evt_close_init(mEvt);
     evt_selector_init(mEvt, evt_cLoop);
+    evt_socket_write_init(mEvt);
 }

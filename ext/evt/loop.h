@@ -318,6 +318,7 @@ void evt_loop_core_init(void);
 /* nil -> -1 (no limit); otherwise nanoseconds, with Kernel#sleep's errors for bad values. */
 int64_t evt_timeout_ns(VALUE timeout);
 void evt_io_hooks_init(VALUE cLoop);
+void evt_socket_write_init(VALUE mEvt);
 
 /* io.c, for the selector */
 VALUE evt_io_wait_once(VALUE self, VALUE io, VALUE events);
