@@ -86,6 +86,64 @@ class CloseTest < Minitest::Test
     [w, other_r, other_w].each { |io| io&.close }
   end
 
+  # Two fibers selecting on one pipe: the first woken reads, closes it and opens another pipe (most
+  # likely on the same descriptor number). The other was woken by the same event, so the close did
+  # not find it waiting: its select must still see the IO closed, not wait on the new pipe's number.
+  # A thread does the same: its select returned, and what it does next with the IO raises.
+  def test_io_select_woken_with_another_that_closes_the_io_raises
+    r, w = IO.pipe
+    outcomes = []
+    replacements = []
+    took = elapsed do
+      evt do
+        2.times do
+          Fiber.schedule do
+            IO.select([r], nil, nil, 5)
+            r.read_nonblock(1)
+            r.close
+            replacements << IO.pipe
+            outcomes << :read
+          rescue IOError => e
+            outcomes << e.message
+          end
+        end
+        Fiber.schedule { w.write("x") }
+      end
+    end
+    assert_equal [:read, "closed stream"], outcomes
+    assert_operator took, :<, 4, "the second select waited for its timeout"
+  ensure
+    w&.close
+    replacements.flatten.each(&:close)
+  end
+
+  # The same with wait_readable: the second fiber, made ready by the same event as the first, finds
+  # its IO closed when it runs, and raises as the close would have had it found the fiber waiting
+  # (a thread's wait is interrupted by the close the same way).
+  def test_wait_readable_woken_with_another_that_closes_the_io_raises
+    r, w = IO.pipe
+    outcomes = []
+    replacements = []
+    evt do
+      2.times do
+        Fiber.schedule do
+          r.wait_readable(5)
+          r.read_nonblock(1)
+          r.close
+          replacements << IO.pipe
+          outcomes << :read
+        rescue IOError => e
+          outcomes << e.message
+        end
+      end
+      Fiber.schedule { w.write("x") }
+    end
+    assert_equal [:read, MESSAGE], outcomes
+  ensure
+    w&.close
+    replacements.flatten.each(&:close)
+  end
+
   def test_a_thousand_readers_on_their_own_pipes_all_raise
     pipes = Array.new(1000) { IO.pipe }
     outcomes = Array.new(1000)

@@ -69,6 +69,22 @@ select_now(struct select_call *call)
     return result;
 }
 
+/* Whether an IO of the selection was closed while the fiber waited. A close wakes the waiters it
+ * finds waiting; one the same event had made ready already is not among them, and its descriptor
+ * number, polled again, may be another file's by now. */
+static int
+selection_closed(const struct evt_selection *selection)
+{
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's fd, public in 3.3 and 3.4 */
+    for (long i = 0; i < selection->count; i++) {
+        rb_io_t *fptr = RFILE(selection->ios[i])->fptr;
+        if (!fptr || fptr->fd < 0) return 1;
+    }
+#pragma GCC diagnostic pop
+    return 0;
+}
+
 /*
  * io_select(readables, writables = nil, exceptables = nil, timeout = nil) -> Array or nil
  *
@@ -116,8 +132,10 @@ loop_io_select(int argc, VALUE *argv, VALUE self)
         struct evt_wait wait;
         evt_wait_select(&wait, loop, &call.selection, timeout);
         enum evt_outcome outcome = evt_suspend(&wait);
-        if (outcome == EVT_CLOSED) {
+        int closed = outcome != EVT_CLOSED && selection_closed(&call.selection);
+        if (outcome == EVT_CLOSED || closed) {
             for (int b = 0; b < 5; b++) ALLOCV_END(buffers[b]);
+            if (closed) rb_raise(rb_eIOError, "closed stream"); /* as IO.select on a closed IO */
             evt_raise_closed();
         }
         result = select_now(&call);

@@ -53,6 +53,20 @@ evt_poll_now(int fd, int events)
     return evt_events_from_poll((unsigned short)pfd.revents) & events;
 }
 
+/* A wait's outcome as the fiber resumes: made ready by an event, but closed by a fiber that ran
+ * before it (a close wakes only the waiters it finds waiting), the IO counts as closed under the
+ * wait, as for a thread, whose wait the close interrupts: its descriptor may be another file's now. */
+static enum evt_outcome
+outcome_on_resume(VALUE io, enum evt_outcome outcome)
+{
+    if (outcome != EVT_IO_READY || !RB_TYPE_P(io, T_FILE)) return outcome;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's fd, public in 3.3 and 3.4 */
+    rb_io_t *fptr = RFILE(io)->fptr;
+    return fptr && fptr->fd >= 0 ? outcome : EVT_CLOSED;
+#pragma GCC diagnostic pop
+}
+
 /* Waits until fd has one of `events`: returns them, or 0 when the time ran out; raises IOError when
  * the IO is closed meanwhile. */
 static int
@@ -62,7 +76,7 @@ evt_loop_wait_io(struct evt_loop *loop, VALUE io, int fd, int events, int64_t ti
     for (;;) {
         struct evt_wait wait;
         evt_wait_io(&wait, loop, io, fd, events, timeout);
-        switch (evt_suspend(&wait)) {
+        switch (outcome_on_resume(io, evt_suspend(&wait))) {
         case EVT_IO_READY: return wait.waiter.ready;
         case EVT_TIMED_OUT: return 0;
         case EVT_CLOSED: evt_raise_closed();
@@ -555,7 +569,7 @@ evt_io_wait_once(VALUE self, VALUE io, VALUE events_value)
     struct evt_wait wait;
     evt_wait_io(&wait, loop, io, fd, events, -1);
     wait.ready_now = ready;
-    switch (evt_suspend(&wait)) {
+    switch (outcome_on_resume(io, evt_suspend(&wait))) {
     case EVT_IO_READY: return INT2FIX(wait.waiter.ready);
     case EVT_CLOSED: evt_raise_closed();
     default: return Qfalse;

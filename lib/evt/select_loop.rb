@@ -957,7 +957,9 @@ module Evt
         waiter.watch(io, events)
         suspend(waiter, :io, timeout: timeout)
         result = waiter.result
-        raise IOError, "stream closed in another thread" if result == CLOSED
+        # Made ready, then closed by a fiber that ran first (the close found this one no longer
+        # waiting): closed under the wait all the same, as a thread's wait would be.
+        raise IOError, "stream closed in another thread" if result == CLOSED || (result.positive? && io.closed?)
         return result unless result == SPURIOUS
 
         timeout = [deadline - now, 0].max if deadline
