@@ -55,6 +55,41 @@ module Evt
       @pool_size = Scheduling.pool_size(pool_size)
       @pool = nil
       super(*arguments, **options)
+      Scheduling.warn_about_hiredis
+    end
+
+    # hiredis-client's connection waits for Redis with rb_thread_fd_select, which Ruby hands to no
+    # Fiber Scheduler: each command stops the whole loop until Redis answers (a BLPOP for its whole
+    # timeout). Said once per process, when a scheduler starts with hiredis as redis-client's
+    # default driver, or when a hiredis connection opens under evt; one check each, nothing per command.
+    HIREDIS_WARNING = "evt: hiredis-client's driver waits for Redis with rb_thread_fd_select, which Ruby does not " \
+                      "hand to a Fiber Scheduler: every Redis command stops this thread's loop until Redis answers. " \
+                      "Use redis-client's pure-Ruby driver (RedisClient.default_driver = :ruby, or driver: :ruby)"
+
+    def self.warn_about_hiredis
+      return unless defined?(::RedisClient::HiredisConnection)
+
+      unless ::RedisClient::HiredisConnection.include?(HiredisWarning)
+        ::RedisClient::HiredisConnection.prepend(HiredisWarning)
+      end
+      HiredisWarning.warn_once if ::RedisClient.default_driver == ::RedisClient::HiredisConnection
+    end
+
+    # Prepended to RedisClient::HiredisConnection once a scheduler has seen it loaded.
+    module HiredisWarning
+      @warned = false
+
+      def self.warn_once
+        return if @warned
+
+        @warned = true
+        warn HIREDIS_WARNING
+      end
+
+      def initialize(...)
+        HiredisWarning.warn_once if Fiber.current_scheduler.is_a?(Evt::Loop)
+        super
+      end
     end
 
     def self.pool_size(requested)

@@ -1,0 +1,134 @@
+# frozen_string_literal: true
+
+require "etc"
+require "fileutils"
+require "socket"
+require "tmpdir"
+
+module EvtTest
+  # Real servers for the client tests: redis-server, memcached and PostgreSQL from Debian (bin/setup
+  # installs them), each started once per test process on a free loopback port, in a temporary
+  # directory, and stopped by PID when the process ends. Never a fixed port, never a system service.
+  # Where a server is not installed, Servers.<name> skips the calling test, saying why.
+  module Servers
+    # Seconds a server may take to accept connections.
+    START_TIMEOUT = 30
+    POSTGRES_BIN = Dir["/usr/lib/postgresql/*/bin"].max_by { |dir| dir[%r{/(\d+)/bin\z}, 1].to_i }
+
+    Server = Struct.new(:name, :port, :pid, :dir, keyword_init: true)
+
+    @servers = {}
+    @lock = Mutex.new
+
+    class << self
+      # @return [Server] redis-server on 127.0.0.1, no persistence
+      def redis(test)
+        start(test, :redis, "redis-server") do |port, dir|
+          [["redis-server", "--port", port.to_s, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            "--dir", dir, "--daemonize", "no", "--loglevel", "warning"]]
+        end
+      end
+
+      # @return [Server] memcached on 127.0.0.1, TCP only
+      def memcached(test)
+        start(test, :memcached, "memcached") do |port, _dir|
+          [["memcached", "-l", "127.0.0.1", "-p", port.to_s, "-U", "0", "-m", "64", "-c", "4096",
+            *(Process.uid.zero? ? ["-u", "nobody"] : [])]]
+        end
+      end
+
+      # @return [Server] PostgreSQL on 127.0.0.1, a fresh cluster with the superuser "evt" and no
+      #   password (trust), fsync off. As root the cluster runs as the postgres user, as it must.
+      def postgres(test)
+        test.skip "PostgreSQL is not installed (bin/setup installs it)" unless POSTGRES_BIN
+
+        start(test, :postgres, File.join(POSTGRES_BIN, "postgres")) do |port, dir|
+          data = File.join(dir, "data")
+          user = Process.uid.zero? ? "postgres" : nil
+          if user
+            FileUtils.chown_R(user, nil, dir)
+            FileUtils.chmod(0o700, dir)
+          end
+          run_as(user, File.join(POSTGRES_BIN, "initdb"), "-D", data, "-U", "evt", "-A", "trust", "--no-sync")
+          [[*as(user), File.join(POSTGRES_BIN, "postgres"), "-D", data, "-p", port.to_s, "-k", dir,
+            "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
+            "-c", "full_page_writes=off", "-c", "max_connections=200"]]
+        end
+      end
+
+      private
+
+      def start(test, name, program)
+        @lock.synchronize do
+          server = @servers[name]
+          return server if server
+          test.skip "#{File.basename(program)} is not installed (bin/setup installs it)" unless installed?(program)
+
+          dir = Dir.mktmpdir("evt-#{name}-")
+          port = free_port
+          command, = yield(port, dir)
+          log = File.join(dir, "server.log")
+          pid = Process.spawn(*command, in: File::NULL, out: log, err: log, pgroup: true)
+          server = Server.new(name: name, port: port, pid: pid, dir: dir)
+          @servers[name] = server
+          wait_until_listening(server, log)
+          server
+        end
+      end
+
+      def installed?(program)
+        program.include?("/") ? File.executable?(program) : ENV.fetch("PATH", "").split(":").any? { |d| File.executable?(File.join(d, program)) }
+      end
+
+      def free_port
+        server = TCPServer.new("127.0.0.1", 0)
+        server.local_address.ip_port
+      ensure
+        server&.close
+      end
+
+      def wait_until_listening(server, log)
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + START_TIMEOUT
+        loop do
+          begin
+            TCPSocket.new("127.0.0.1", server.port).close
+            return
+          rescue SystemCallError
+            nil
+          end
+          if Process.waitpid(server.pid, Process::WNOHANG) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+            raise "#{server.name} did not start on port #{server.port}: #{File.read(log)[-2000..] || File.read(log)}"
+          end
+
+          sleep 0.05
+        end
+      end
+
+      def as(user)
+        user ? ["runuser", "-u", user, "--"] : []
+      end
+
+      def run_as(user, *command)
+        out = IO.popen([*as(user), *command, err: %i[child out]], &:read)
+        raise "#{command.first} failed: #{out}" unless $?.success?
+      end
+
+      def stop_all
+        @servers.each_value do |server|
+          Process.kill(:TERM, server.pid)
+          Process.wait(server.pid)
+        rescue Errno::ESRCH, Errno::ECHILD
+          nil
+        ensure
+          FileUtils.rm_rf(server.dir)
+        end
+        @servers.clear
+      end
+    end
+
+    # After the tests (an at_exit here would run before minitest's own, which runs them), and only
+    # in the process that started the servers (a forked child inherits the hook).
+    owner = Process.pid
+    Minitest.after_run { stop_all if Process.pid == owner }
+  end
+end
