@@ -1,6 +1,8 @@
 # frozen_string_literal: true
 
+require "openssl"
 require "socket"
+require "tempfile"
 
 module EvtTest
   # An HTTP/1.1 server on plain Ruby threads (no scheduler), for clients under test in Evt.run: it
@@ -9,18 +11,22 @@ module EvtTest
   #
   #   server = HttpPeer.new(delay: 1)
   #   server.port; server.requests; server.close
+  #
+  # With tls: true it speaks HTTPS with a self-signed certificate for "localhost" and 127.0.0.1,
+  # which clients trust through #ca_file.
   class HttpPeer
     attr_reader :port
 
     # @param delay [Numeric] seconds before each answer
     # @param close [Boolean] answer `Connection: close` and close after each response
     # @param body [String, nil] the body of every answer (default: the request's path)
-    def initialize(delay: 0, close: false, body: nil)
+    def initialize(delay: 0, close: false, body: nil, tls: false)
       @delay = delay
       @close = close
       @body = body
-      @server = TCPServer.new("127.0.0.1", 0)
-      @port = @server.local_address.ip_port
+      @tcp = TCPServer.new("127.0.0.1", 0)
+      @port = @tcp.local_address.ip_port
+      @server = tls ? tls_server(@tcp) : @tcp
       @lock = Mutex.new
       @requests = 0
       @connections = 0
@@ -28,16 +34,42 @@ module EvtTest
       @acceptor = Thread.new { accept_loop }
     end
 
+    # A PEM file with the certificate, for clients to trust (TLS only).
+    def ca_file = @ca_file&.path
+
     def requests = @lock.synchronize { @requests }
     def connections = @lock.synchronize { @connections }
 
     def close
       @acceptor.kill.join
       @lock.synchronize { @threads.dup }.each { |thread| thread.kill.join }
-      @server.close
+      @tcp.close
+      @ca_file&.close!
     end
 
     private
+
+    def tls_server(tcp)
+      key = OpenSSL::PKey::EC.generate("prime256v1")
+      certificate = OpenSSL::X509::Certificate.new
+      certificate.version = 2
+      certificate.serial = 1
+      certificate.subject = certificate.issuer = OpenSSL::X509::Name.parse("/CN=localhost")
+      certificate.public_key = key
+      certificate.not_before = Time.now - 60
+      certificate.not_after = Time.now + 3600
+      extensions = OpenSSL::X509::ExtensionFactory.new(certificate, certificate)
+      certificate.add_extension(extensions.create_extension("subjectAltName", "DNS:localhost,IP:127.0.0.1"))
+      certificate.add_extension(extensions.create_extension("basicConstraints", "CA:TRUE", true))
+      certificate.sign(key, OpenSSL::Digest.new("SHA256"))
+      @ca_file = Tempfile.new(["evt-peer", ".pem"])
+      @ca_file.write(certificate.to_pem)
+      @ca_file.flush
+      context = OpenSSL::SSL::SSLContext.new
+      context.cert = certificate
+      context.key = key
+      OpenSSL::SSL::SSLServer.new(tcp, context).tap { |server| server.start_immediately = false }
+    end
 
     def accept_loop
       loop do
@@ -50,6 +82,7 @@ module EvtTest
     end
 
     def serve(client)
+      client.accept if client.is_a?(OpenSSL::SSL::SSLSocket) # the handshake, on this connection's thread
       while (request = client.gets)
         length = 0
         while (line = client.gets) && line != "\r\n"
@@ -63,7 +96,7 @@ module EvtTest
                      "Connection: #{@close ? "close" : "keep-alive"}\r\n\r\n#{body}")
         break if @close
       end
-    rescue IOError, SystemCallError
+    rescue IOError, SystemCallError, OpenSSL::SSL::SSLError
       nil # the client went away
     ensure
       client.close
