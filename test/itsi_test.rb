@@ -112,7 +112,11 @@ class ItsiTest < Minitest::Test
         yield port
         Process.kill("TERM", pid)
         # Three times the others: under bin/test --asan (libasan preloaded) one stop took longer than 20 s.
-        _, status = Timeout.timeout(TIMEOUT * 3) { Process.wait2(pid) }
+        _, status = begin
+          Timeout.timeout(TIMEOUT * 3) { Process.wait2(pid) }
+        rescue Timeout::Error
+          flunk "Itsi did not end #{TIMEOUT * 3} s after SIGTERM\n#{server_log}"
+        end
         pid = nil
         assert status.success?, "Itsi ended with #{status.inspect} on SIGTERM\n#{server_log}"
       ensure

@@ -104,8 +104,9 @@ module EvtTest
         end
       end
 
+      # setpriv execs the command in place: the PID spawned is the server's own, for the signals.
       def as(user)
-        user ? ["runuser", "-u", user, "--"] : []
+        user ? ["setpriv", "--reuid=#{user}", "--regid=#{user}", "--init-groups", "--"] : []
       end
 
       def run_as(user, *command)
@@ -113,10 +114,20 @@ module EvtTest
         raise "#{command.first} failed: #{out}" unless $?.success?
       end
 
+      # PostgreSQL takes SIGINT, its fast shutdown: SIGTERM would wait for this process's own
+      # connections to end. Whatever is still there after 10 s is killed, its process group with it.
       def stop_all
         @servers.each_value do |server|
-          Process.kill(:TERM, server.pid)
-          Process.wait(server.pid)
+          Process.kill(server.name == :postgres ? :INT : :TERM, server.pid)
+          deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+          until Process.waitpid(server.pid, Process::WNOHANG)
+            if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+              Process.kill(:KILL, -server.pid)
+              Process.wait(server.pid)
+              break
+            end
+            sleep 0.05
+          end
         rescue Errno::ESRCH, Errno::ECHILD
           nil
         ensure
