@@ -15,6 +15,10 @@ module EvtTest
     START_TIMEOUT = 30
     POSTGRES_BIN = Dir["/usr/lib/postgresql/*/bin"].max_by { |dir| dir[%r{/(\d+)/bin\z}, 1].to_i }
 
+    # The servers are not under test: bin/test --asan's preloaded libasan stays out of them (initdb
+    # hangs with it).
+    SERVER_ENV = {"LD_PRELOAD" => nil, "ASAN_OPTIONS" => nil}.freeze
+
     Server = Struct.new(:name, :port, :pid, :dir, keyword_init: true)
 
     @servers = {}
@@ -68,7 +72,7 @@ module EvtTest
           port = free_port
           command, = yield(port, dir)
           log = File.join(dir, "server.log")
-          pid = Process.spawn(*command, in: File::NULL, out: log, err: log, pgroup: true)
+          pid = Process.spawn(SERVER_ENV, *command, in: File::NULL, out: log, err: log, pgroup: true)
           server = Server.new(name: name, port: port, pid: pid, dir: dir)
           @servers[name] = server
           wait_until_listening(server, log)
@@ -110,7 +114,7 @@ module EvtTest
       end
 
       def run_as(user, *command)
-        out = IO.popen([*as(user), *command, err: %i[child out]], &:read)
+        out = IO.popen(SERVER_ENV, [*as(user), *command, err: %i[child out]], &:read)
         raise "#{command.first} failed: #{out}" unless $?.success?
       end
 
