@@ -120,16 +120,18 @@ class ItsiTest < Minitest::Test
         pid = nil
         assert status.success?, "Itsi ended with #{status.inspect} on SIGTERM\n#{server_log}"
       ensure
-        if pid
-          begin
-            Process.kill("KILL", -pid)
-          rescue Errno::ESRCH
-            nil
-          end
-          Process.wait(pid)
-        end
+        kill_group(pid) if pid
       end
     end
+  end
+
+  # Kills the server's process group and reaps the server.
+  def kill_group(pid)
+    Process.kill("KILL", -pid)
+  rescue Errno::ESRCH
+    nil
+  ensure
+    Process.wait(pid)
   end
 
   # [pid, port] once the server listens. A port taken between the choice and Itsi's bind (Itsi
@@ -148,12 +150,7 @@ class ItsiTest < Minitest::Test
       reader.close
       return [pid, port] if ready == "ready\n"
 
-      begin
-        Process.kill("KILL", -pid)
-      rescue Errno::ESRCH
-        nil
-      end
-      Process.wait(pid)
+      kill_group(pid)
       flunk "Itsi did not start (it ended, or took over #{TIMEOUT} s)\n#{server_log}" if ready.nil? && !File.read(@log).include?("in use")
     end
     flunk "Itsi could not bind a free port three times\n#{server_log}"

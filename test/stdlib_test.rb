@@ -5,6 +5,7 @@ require "net/http"
 require "open3"
 require "openssl"
 require "timeout"
+require_relative "support/http_peer"
 
 # Real standard-library code under Evt.run, on every backend; a ticking fiber shows the others run
 # meanwhile.
@@ -154,15 +155,7 @@ class StdlibTest < Minitest::Test
   end
 
   def test_openssl_over_a_loopback_tls_server
-    key = OpenSSL::PKey::EC.generate("prime256v1")
-    certificate = OpenSSL::X509::Certificate.new
-    certificate.version = 2
-    certificate.serial = 1
-    certificate.subject = certificate.issuer = OpenSSL::X509::Name.parse("/CN=localhost")
-    certificate.public_key = key
-    certificate.not_before = Time.now - 60
-    certificate.not_after = Time.now + 3600
-    certificate.sign(key, OpenSSL::Digest.new("SHA256"))
+    key, certificate = HttpPeer.self_signed
     server_context = OpenSSL::SSL::SSLContext.new
     server_context.cert = certificate
     server_context.key = key

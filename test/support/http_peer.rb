@@ -49,7 +49,8 @@ module EvtTest
 
     private
 
-    def tls_server(tcp)
+    # [key, certificate]: self-signed, for "localhost" and 127.0.0.1, valid for an hour.
+    def self.self_signed
       key = OpenSSL::PKey::EC.generate("prime256v1")
       certificate = OpenSSL::X509::Certificate.new
       certificate.version = 2
@@ -62,6 +63,11 @@ module EvtTest
       certificate.add_extension(extensions.create_extension("subjectAltName", "DNS:localhost,IP:127.0.0.1"))
       certificate.add_extension(extensions.create_extension("basicConstraints", "CA:TRUE", true))
       certificate.sign(key, OpenSSL::Digest.new("SHA256"))
+      [key, certificate]
+    end
+
+    def tls_server(tcp)
+      key, certificate = HttpPeer.self_signed
       @ca_file = Tempfile.new(["evt-peer", ".pem"])
       @ca_file.write(certificate.to_pem)
       @ca_file.flush
