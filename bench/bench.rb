@@ -9,20 +9,34 @@ require "net/http"
 require "open3"
 require "optparse"
 require "rbconfig"
+require "socket"
 require "timeout"
+require "tmpdir"
 require_relative "chart"
 require_relative "soak"
 
 module Bench
   ROOT = File.expand_path("..", __dir__)
-  SCENARIOS = %w[http-keepalive http-close pipe-pingpong write-pieces timers idle-connections close-waiters
+  SCENARIOS = %w[http-keepalive http-close http-redis pipe-pingpong write-pieces timers idle-connections close-waiters
                  blocking-ops http-cpu falcon].freeze
   # Scenarios that run only when --only names them: soak takes 10 minutes per backend.
   ON_REQUEST = %w[soak].freeze
   # Scenarios about evt's use of every core, with subjects of their own (evt configured two ways).
   CORE_SUBJECTS = {"blocking-ops" => ->(_cores) { %w[evt-pool-off evt-pool-on threads] },
                    "http-cpu" => ->(cores) { ["evt-workers-1", "evt-workers-#{cores}"] }}.freeze
-  PEERS = %w[blocking threads async-epoll async-uring].freeze
+  PEERS = %w[blocking threads async-epoll async-uring carbon].freeze
+  # http-redis: the connections in the redis-client pool every server's requests share (unless
+  # --redis-pool says otherwise), and the value they read (seeded before each run; every check GET
+  # must get it back as the body). A check GET may wait REDIS_PROBE seconds: it queues for the pool
+  # behind every request the server still holds.
+  REDIS_POOL = 32
+  REDIS_PROBE = 30
+  REDIS_KEY = "evt:bench:greeting"
+  REDIS_VALUE = "Hello from Redis\n"
+  # wrk's connections in the HTTP scenarios, unless --connections says otherwise.
+  CONNECTIONS = 100
+  # Descriptors a process needs besides one per connection (its own files, the pool, wrk's threads).
+  SPARE_DESCRIPTORS = 1024
   # falcon: Rack servers on a fiber scheduler, with subjects of their own: Falcon on io-event's
   # selectors and on evt's (IO_EVENT_SELECTOR=Evt), and Itsi with async's scheduler and evt's.
   FALCON_SUBJECTS = %w[falcon-epoll falcon-uring falcon-evt falcon-evt-epoll itsi-async itsi-evt].freeze
@@ -34,6 +48,8 @@ module Bench
   # stops answering fails its row rather than hanging it or passing with a few requests.
   FALCON_PROBE = 2
   HZ = Etc.sysconf(Etc::SC_CLK_TCK)
+  # close-waiters: seconds one point may take (a few at most; a scheduler can hang in close itself).
+  CLOSE_WAITERS_LIMIT = 60
 
   # Sizes: the full run, and --quick (the whole suite in about two minutes, half of it falcon).
   SIZES = {
@@ -74,6 +90,13 @@ module Bench
                       "Ruby without a scheduler sends either in one system call: a scheduler sending the two strings " \
                       "as two TCP segments makes the second wait for the client's delayed ACK, ~40 ms)",
     "http-keepalive" => "(syscalls/req: a separate 1-2 s run under strace -c -f, which slows the server down)",
+    "http-redis" => "(each request's handler does one GET through a redis-client pool (connection_pool) to a real " \
+                    "redis-server, which runs on CPU 1 with wrk; a request waiting for the pool is woken by every " \
+                    "connection returned to it (connection_pool's broadcast), so many more connections than the pool " \
+                    "has cost every subject that; threads: a thread per " \
+                    "connection; the answer is the value read, checked by a GET after the warm-up and after the run; " \
+                    "a handler's error ends its connection and counts as wrk's error; x best peer is CPU us/req, " \
+                    "req/s x peer is req/s over the best peer's by req/s)",
     "close-waiters" => "(us: IO#close's average time per IO; woken: readers the closes themselves ended with " \
                        "IOError, of N; HANG: the rest never woke)",
     "blocking-ops" => "(Ruby 3.4 hands each deflate to blocking_operation_wait: pool-on runs them on a thread per core; " \
@@ -113,6 +136,8 @@ module Bench
       @size = SIZES.fetch(@options[:quick] ? :quick : :full).dup
       @size[:duration] = @options[:duration] if @options[:duration]
       @size[:soak] = @options[:soak] if @options[:soak]
+      @connections = @options[:connections] || CONNECTIONS
+      @redis_pool = @options[:redis_pool] || REDIS_POOL
       @cores = Etc.nprocessors
       @results = []
       @started = clock
@@ -122,6 +147,8 @@ module Bench
       subjects = available_subjects
       note "evt bench: Ruby #{RUBY_VERSION}, #{@cores} cores, #{@options[:quick] ? "quick" : "full"} run"
       note "server pinned to CPU 0 and load to CPU 1" if @cores >= 2
+      @descriptors = descriptor_limit
+      note @descriptors[:note]
       @options[:only].each do |scenario|
         note ""
         note "== #{scenario}"
@@ -161,6 +188,17 @@ module Bench
 
           @options[:duration] = s
         end
+        o.on("--connections N", Integer, "wrk's connections in the HTTP scenarios (#{CONNECTIONS}); the descriptor",
+             "limit is raised to fit, and the output says so") do |n|
+          raise OptionParser::InvalidArgument, "connections must be positive" unless n.positive?
+
+          @options[:connections] = n
+        end
+        o.on("--redis-pool N", Integer, "http-redis: connections in the server's Redis pool (#{REDIS_POOL})") do |n|
+          raise OptionParser::InvalidArgument, "the pool needs at least one connection" unless n.positive?
+
+          @options[:redis_pool] = n
+        end
         o.on("--repeat N", Integer, "run each scenario N times, the subjects taking turns, and show each",
              "subject's median run (by the scenario's metric); every run's figure is kept") do |n|
           raise OptionParser::InvalidArgument, "repeat must be positive" unless n.positive?
@@ -182,6 +220,7 @@ module Bench
       subjects += evt_backends.map { |name| ["evt-#{name}", nil] }
       async = async_problems
       subjects += %w[async-epoll async-uring].map { |name| [name, async[name]] }
+      subjects << ["carbon", carbon_problem]
       if @options[:subjects]
         unknown = @options[:subjects] - subjects.map(&:first) - CORE_SUBJECTS.values.flat_map { |names| names.call(@cores) } -
                   FALCON_SUBJECTS
@@ -230,6 +269,18 @@ module Bench
        "async-uring" => selectors.include?("URing") ? nil : "io-event was built without liburing"}
     end
 
+    # Carbon Fiber: Ruby 3.4 or later, its native extension (not its pure-Ruby fallback), its io_uring loop.
+    def carbon_problem
+      return "carbon_fiber needs Ruby 3.4 or later" if RUBY_VERSION < "3.4"
+
+      check = 'require "carbon_fiber"; abort "its native extension did not load: pure-Ruby fallback" unless ' \
+              'CarbonFiber::Native.available?; CarbonFiber::Scheduler.new.close'
+      _, err, status = Open3.capture3(bench_env, *ruby, "-rbundler/setup", "-e", check)
+      return nil if status.success?
+
+      "Carbon Fiber does not run here: #{err.lines.grep(/Error|error|abort|fallback/).first&.strip || err.lines.last&.strip}"
+    end
+
     # The app variants a scenario runs each subject with (falcon's apps), or [nil].
     def variants(scenario)
       scenario == "falcon" ? FALCON_APPS.keys : [nil]
@@ -269,6 +320,7 @@ module Bench
         figures = case scenario
                   when "http-keepalive" then http(subject, keepalive: true)
                   when "http-close" then http(subject, keepalive: false)
+                  when "http-redis" then http_redis(subject)
                   when "pipe-pingpong" then script("pipe_pingpong.rb", subject, @size[:pairs], @size[:messages])
                   when "write-pieces" then script("write_pieces.rb", subject, @size[:rounds])
                   when "timers" then timers(subject)
@@ -285,6 +337,10 @@ module Bench
     end
 
     def not_applicable(scenario, subject)
+      if scenario == "http-redis"
+        return "the C server has no Redis client" if subject == "c-epoll"
+        return "one connection at a time: threads is the scheduler-less row" if subject == "blocking"
+      end
       return nil if scenario.start_with?("http-") || CORE_SUBJECTS.key?(scenario) || scenario == "falcon"
       return "an HTTP server only" if subject == "c-epoll"
       return "one thread cannot block on several readers" if scenario == "close-waiters" && subject == "blocking"
@@ -298,7 +354,7 @@ module Bench
 
     def http(subject, keepalive:)
       # One connection at a time cannot keep 100 keep-alive connections: the rest would starve.
-      connections = subject == "blocking" && keepalive ? 1 : 100
+      connections = subject == "blocking" && keepalive ? 1 : @connections
       server = start_server(subject == "c-epoll" ? [@c_server] : [*ruby_for(subject), "bench/http_server.rb", subject])
       begin
         url = "http://127.0.0.1:#{server[:port]}/"
@@ -322,15 +378,72 @@ module Bench
       server = start_server([*ruby, "bench/http_cpu_server.rb", workers.to_s], pinned: false)
       begin
         url = "http://127.0.0.1:#{server[:port]}/"
-        wrk(url, 100, @size[:warmup], [])
+        wrk(url, @connections, @size[:warmup], [])
         before = group_cpu_seconds(server[:pid])
-        report = wrk(url, 100, @size[:duration], [])
+        report = wrk(url, @connections, @size[:duration], [])
         used = group_cpu_seconds(server[:pid]) - before
         {rps: report[:rps].round(0), cpu_us_per_req: (used * 1e6 / report[:requests]).round(2), p99_ms: report[:p99_ms],
-         errors: report[:errors], workers: workers}
+         errors: report[:errors], workers: workers, connections: @connections}
       ensure
         stop(server)
       end
+    end
+
+    # ---- http-redis ----------------------------------------------------------------------------
+
+    # One server for +subject+ reading REDIS_KEY from a fresh redis-server per GET, under wrk's
+    # keep-alive load after the warm-up; a GET after each wrk run checks the answer. The server's
+    # stderr (the handlers' errors) goes to tmp/bench/http-redis.<subject>.stderr.
+    def http_redis(subject)
+      log = File.join(ROOT, "tmp/bench/http-redis.#{subject}.stderr")
+      FileUtils.mkdir_p(File.dirname(log))
+      redis = start_redis
+      server = start_server([*ruby, "-rbundler/setup", "bench/http_redis_server.rb", subject, redis[:port].to_s, @redis_pool.to_s],
+                            err: log)
+      url = "http://127.0.0.1:#{server[:port]}/"
+      warmup = wrk(url, @connections, @size[:warmup], [])
+      answers!(server[:port], "after #{warmup[:requests]} requests in the warm-up", REDIS_VALUE, wait: REDIS_PROBE)
+      before = cpu_seconds(server[:pid])
+      report = wrk(url, @connections, @size[:duration], [])
+      used = cpu_seconds(server[:pid]) - before
+      answers!(server[:port], "after #{report[:requests]} requests in the run", REDIS_VALUE, wait: REDIS_PROBE)
+      {rps: report[:rps].round(0), cpu_us_per_req: (used * 1e6 / report[:requests]).round(2), p99_ms: report[:p99_ms],
+       errors: report[:errors], connections: @connections, pool: @redis_pool}
+    rescue Failure => e
+      first = stderr_lines(log).first
+      raise Failure.new([e.message, first && "(stderr: #{first.strip})"].compact.join(" "), stderr_file: relative(log))
+    ensure
+      stop(server)
+      stop(redis)
+    end
+
+    # redis-server on a free loopback port, pinned with the load (CPU 1), no persistence, in a
+    # temporary directory; REDIS_KEY set to REDIS_VALUE. stop() ends it.
+    def start_redis
+      port = TCPServer.open("127.0.0.1", 0) { |probe| probe.local_address.ip_port }
+      dir = Dir.mktmpdir("evt-bench-redis-")
+      pid = Process.spawn(*pin(1), "redis-server", "--port", port.to_s, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                          "--dir", dir, "--loglevel", "warning", "--maxclients", [@redis_pool + 64, 10_000].max.to_s,
+                          in: File::NULL, out: File::NULL, err: File::NULL, pgroup: true)
+      redis = {pid: pid, port: port, dir: dir}
+      Timeout.timeout(10) do
+        TCPSocket.open("127.0.0.1", port) do |socket|
+          socket.write("*3\r\n$3\r\nSET\r\n$#{REDIS_KEY.bytesize}\r\n#{REDIS_KEY}\r\n$#{REDIS_VALUE.bytesize}\r\n#{REDIS_VALUE}\r\n")
+          reply = socket.gets
+          raise Failure, "redis-server answered SET with #{reply.inspect}" unless reply == "+OK\r\n"
+        end
+      rescue Errno::ECONNREFUSED
+        raise Failure, "redis-server exited" if Process.waitpid(pid, Process::WNOHANG)
+
+        sleep 0.05
+        retry
+      end
+      redis
+    rescue Timeout::Error
+      stop(redis)
+      raise Failure, "redis-server did not start on port #{port}"
+    rescue Errno::ENOENT
+      raise Failure, "redis-server is not installed (bin/setup installs it)"
     end
 
     # ---- falcon ----------------------------------------------------------------------------------
@@ -414,14 +527,14 @@ module Bench
         raise Failure, "it runs on #{runs_on || "an unknown loop"}, not #{expected_name}" unless runs_on&.match?(expected)
 
         url = "http://127.0.0.1:#{server[:port]}/"
-        warmup = wrk(url, 100, @size[:warmup], [], timeout: FALCON_PROBE)
+        warmup = wrk(url, @connections, @size[:warmup], [], timeout: FALCON_PROBE)
         answers!(server[:port], "after #{warmup[:requests]} requests in the #{@size[:warmup]} s warm-up")
         before = group_cpu_seconds(server[:pid])
-        report = wrk(url, 100, @size[:duration], [], timeout: FALCON_PROBE)
+        report = wrk(url, @connections, @size[:duration], [], timeout: FALCON_PROBE)
         used = group_cpu_seconds(server[:pid]) - before
         answers!(server[:port], "after #{report[:requests]} requests in the #{@size[:duration]} s run")
         {rps: report[:rps].round(0), cpu_us_per_req: (used * 1e6 / report[:requests]).round(2), p99_ms: report[:p99_ms],
-         errors: report[:errors], connections: 100, loop: short_loop(runs_on)}
+         errors: report[:errors], connections: @connections, loop: short_loop(runs_on)}
       rescue Failure, Timeout::Error, SystemCallError => e
         reason = (soak_death(server, log) if ended?(server)) || e.message.lines.first.strip
         first = stderr_lines(log).find { |l| l =~ /Error|error|abort|\[BUG\]/ }
@@ -441,14 +554,14 @@ module Bench
       true
     end
 
-    # A GET of / must get the app's answer within FALCON_PROBE seconds.
-    def answers!(port, context)
-      response = Net::HTTP.start("127.0.0.1", port, open_timeout: FALCON_PROBE, read_timeout: FALCON_PROBE) { |http| http.get("/") }
-      return if response.code == "200" && response.body == "hello"
+    # A GET of / must get the app's answer (+expected+) within +wait+ seconds.
+    def answers!(port, context, expected = "hello", wait: FALCON_PROBE)
+      response = Net::HTTP.start("127.0.0.1", port, open_timeout: wait, read_timeout: wait) { |http| http.get("/") }
+      return if response.code == "200" && response.body == expected
 
       raise Failure, "a GET #{context} was answered #{response.code} #{response.body.to_s[0, 40].inspect}"
     rescue Net::OpenTimeout, Net::ReadTimeout
-      raise Failure, "the server stopped answering: a GET #{context} had no answer in #{FALCON_PROBE} s"
+      raise Failure, "the server stopped answering: a GET #{context} had no answer in #{wait} s"
     rescue IOError, SystemCallError => e
       raise Failure, "a GET #{context} failed: #{e.class}: #{e.message}"
     end
@@ -472,6 +585,7 @@ module Bench
       raise
     end
 
+    # Ends a server (or redis-server) and its process group.
     def stop(server)
       return unless server
 
@@ -480,7 +594,11 @@ module Bench
       rescue Errno::ESRCH
         nil
       end
-      server[:stdout].close
+      server[:stdout]&.close
+      Process.wait(server[:pid]) unless server[:stdout]
+      FileUtils.rm_rf(server[:dir]) if server[:dir]
+    rescue Errno::ECHILD
+      nil
     end
 
     # wrk's report; wrk itself gets its duration and 30 s more before it is killed and the run fails.
@@ -527,11 +645,19 @@ module Bench
 
     # ---- the other scenarios -----------------------------------------------------------------
 
-    # A scenario script, pinned to CPU 0 unless it is about using every core.
-    def script(name, subject, *arguments, pinned: true)
-      out, err, status = Timeout.timeout(600) do
-        Open3.capture3(bench_env, *(pinned ? pin(0) : []), *ruby_for(subject), "bench/#{name}", subject, *arguments.map(&:to_s),
-                       chdir: ROOT)
+    # A scenario script, pinned to CPU 0 unless it is about using every core; one that has not ended
+    # within +limit+ seconds is killed (its process group with it) and fails its row.
+    def script(name, subject, *arguments, pinned: true, limit: 600)
+      command = [*(pinned ? pin(0) : []), *ruby_for(subject), "bench/#{name}", subject, *arguments.map(&:to_s)]
+      out, err, status = Open3.popen3(bench_env, *command, chdir: ROOT, pgroup: true) do |stdin, stdout, stderr, waiter|
+        stdin.close
+        readers = [stdout, stderr].map { |io| Thread.new { io.read } }
+        unless waiter.join(limit)
+          Process.kill(:KILL, -waiter.pid)
+          waiter.join
+          raise Failure, "#{name} did not end within #{limit} s"
+        end
+        [*readers.map(&:value), waiter.value]
       end
       raise Failure, first_error(err, status) unless status.success?
 
@@ -569,11 +695,16 @@ module Bench
 
     def idle(subject)
       count = @size[:idle]
-      server = start_server([*ruby_for(subject), "bench/idle_server.rb", subject, count.to_s])
+      log = File.join(ROOT, "tmp/bench/idle.#{subject}.stderr")
+      FileUtils.mkdir_p(File.dirname(log))
+      server = start_server([*ruby_for(subject), "bench/idle_server.rb", subject, count.to_s], err: log)
       client = IO.popen([*ruby, "bench/idle_client.rb", server[:port].to_s, count.to_s], "r+", chdir: ROOT, err: File::NULL)
       begin
         line = Timeout.timeout(120) { server[:stdout].gets }
-        raise Failure, "the server did not report" unless line&.start_with?("{")
+        unless line&.start_with?("{")
+          first = stderr_lines(log).find { |l| l =~ /Error|error|abort|\[BUG\]/ }
+          raise Failure, "the server did not report#{" (stderr: #{first.strip[0, 160]})" if first}"
+        end
 
         JSON.parse(line, symbolize_names: true)
       ensure
@@ -588,7 +719,7 @@ module Bench
     # wakes nobody is reported as a hang, not waited for.
     def close_waiters(subject)
       points = @size[:waiters].map do |n|
-        script("close_waiters.rb", subject, n)
+        script("close_waiters.rb", subject, n, limit: CLOSE_WAITERS_LIMIT)
       rescue Failure, Timeout::Error => e
         {n: n, error: e.message.lines.first.strip}
       end
@@ -814,7 +945,7 @@ module Bench
 
     # What each scenario is judged by: lower is better for all of them.
     def metric(scenario)
-      {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "pipe-pingpong" => :seconds, "write-pieces" => :split_ms,
+      {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "http-redis" => :cpu_us_per_req, "pipe-pingpong" => :seconds, "write-pieces" => :split_ms,
        "timers" => :seconds, "idle-connections" => :rss_mb, "close-waiters" => :close_avg_us,
        "blocking-ops" => :seconds, "http-cpu" => :cpu_us_per_req, "falcon" => :cpu_us_per_req}.fetch(scenario)
     end
@@ -838,6 +969,16 @@ module Bench
         row[:vs_c] = (row[key] / c[key]).round(2) if c && row != c
         row[:vs_best_peer] = (row[key] / best_peer[key]).round(2) if best_peer
         row[:best_peer] = best_peer[:subject] if best_peer
+      end
+      add_rps_ratios(rows) if scenario == "http-redis"
+    end
+
+    # http-redis is judged by req/s too: each row's over the peer that served the most.
+    def add_rps_ratios(rows)
+      fastest = rows.select { |r| PEERS.include?(r[:subject]) }.max_by { |r| r[:rps] } or return
+      rows.each do |row|
+        row[:rps_vs_best_peer] = row[:rps].fdiv(fastest[:rps]).round(2)
+        row[:fastest_peer] = fastest[:subject]
       end
     end
 
@@ -867,6 +1008,9 @@ module Bench
                 elsif scenario == "blocking-ops"
                   [[:seconds, "seconds", "%.3f"], [:cpu_seconds, "CPU s", "%.3f"], [:vs_first, "x 1st", "%.2f"],
                    [:runs, "runs (s)", "%s"]]
+                elsif scenario == "http-redis"
+                  [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
+                   [:errors, "errors", "%d"], [:rps_vs_best_peer, "req/s x peer", "%.2f"]]
                 elsif scenario.start_with?("http-")
                   [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
                    [:errors, "errors", "%d"], [:syscalls_per_req, "syscalls/req", "%.2f"], [:vs_c, "x C", "%.2f"]]
@@ -892,6 +1036,8 @@ module Bench
       end
       best = rows.find { |r| r[:best_peer] }
       puts "best peer: #{best[:best_peer]}" if best
+      fastest = rows.find { |r| r[:fastest_peer] }
+      puts "peer with the most req/s: #{fastest[:fastest_peer]}" if fastest
       print_repeats(rows, metric(scenario))
       puts NOTES[scenario] if NOTES[scenario]
       $stdout.flush
@@ -971,16 +1117,17 @@ module Bench
 
     def description(scenario)
       case scenario
-      when "http-keepalive" then "wrk -t1 -c100 -d#{@size[:duration]}s, keep-alive; blocking with -c1"
-      when "http-close" then "wrk -t1 -c100 -d#{@size[:duration]}s, Connection: close"
+      when "http-keepalive" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive; blocking with -c1"
+      when "http-close" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, Connection: close"
+      when "http-redis" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive, a Redis GET per request, pool of #{@redis_pool}"
       when "pipe-pingpong" then "#{@size[:pairs]} pipe pairs x #{@size[:messages]} x 1 KiB"
       when "write-pieces" then "#{@size[:rounds]} keep-alive requests from a client without a scheduler; mean round trip"
       when "timers" then "#{@size[:fibers]} fibers sleeping 0-100 ms"
       when "idle-connections" then "#{@size[:idle]} idle connections, a reader waiting on each"
       when "close-waiters" then "N = #{@size[:waiters].join(", ")} readers blocked on N pipes, every read end closed"
       when "blocking-ops" then "#{@size[:deflates]} fibers each deflating #{@size[:deflate_mib]} MiB with Zlib"
-      when "http-cpu" then "wrk -t1 -c100 -d#{@size[:duration]}s, keep-alive, 0.5 ms of Ruby per request"
-      when "falcon" then "wrk -t1 -c100 -d#{@size[:duration]}s --timeout #{FALCON_PROBE}s, keep-alive"
+      when "http-cpu" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive, 0.5 ms of Ruby per request"
+      when "falcon" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s --timeout #{FALCON_PROBE}s, keep-alive"
       when "soak"
         "#{@size[:soak]} s of mixed load on one server per C backend, one backend at a time: " \
           "#{SOAK_LOAD.map { |c, headers| "wrk -t1 -c#{c} #{headers.empty? ? "keep-alive" : "Connection: close"}" }.join(" and ")} " \
@@ -997,7 +1144,7 @@ module Bench
     def write_outputs
       document = {ruby: RUBY_VERSION, cores: @cores, date: Time.now.utc.strftime("%Y-%m-%d"),
                   run: @options[:quick] ? "quick" : "full", http_duration_s: @size[:duration],
-                  results: @results}
+                  connections: @connections, descriptor_limit: @descriptors.slice(:before, :after), results: @results}
       document[:soak_duration_s] = @size[:soak] if @options[:only].include?("soak")
       [@options[:json], @options[:svg]].each { |f| Dir.mkdir(File.dirname(f)) unless Dir.exist?(File.dirname(f)) }
       File.write(@options[:json], "#{JSON.pretty_generate(document)}\n")
@@ -1014,9 +1161,27 @@ module Bench
       [RbConfig.ruby, "-I#{ROOT}/lib"]
     end
 
+    # Every server and wrk inherit this process's descriptor limit: raised, up to the hard limit
+    # (and the hard limit itself where we may), when the connections need more. {before:, after:, note:}.
+    def descriptor_limit
+      soft, hard = Process.getrlimit(:NOFILE)
+      needed = @connections + SPARE_DESCRIPTORS
+      return {before: soft, after: soft, note: "descriptor limit #{soft}: enough for #{@connections} connections"} if soft >= needed
+
+      begin
+        Process.setrlimit(:NOFILE, needed, [hard, needed].max)
+      rescue Errno::EPERM
+        Process.setrlimit(:NOFILE, hard, hard)
+      end
+      after = Process.getrlimit(:NOFILE).first
+      {before: soft, after: after,
+       note: "descriptor limit raised from #{soft} to #{after} for #{@connections} connections" \
+             "#{" (too few: the hard limit is #{hard}, and only root may raise it)" if after < needed}"}
+    end
+
     # async's gems come from the Gemfile's optional :bench group; everything else needs only lib/.
     def ruby_for(subject)
-      subject.start_with?("async-") ? [*ruby, "-rbundler/setup"] : ruby
+      subject.start_with?("async-") || subject == "carbon" ? [*ruby, "-rbundler/setup"] : ruby
     end
 
     # The line of a failed process's stderr that says what went wrong.

@@ -6,6 +6,7 @@ module Bench
   class Chart
     METRICS = {"http-keepalive" => [:cpu_us_per_req, "server CPU µs per request"],
                "http-close" => [:cpu_us_per_req, "server CPU µs per request"],
+               "http-redis" => [:cpu_us_per_req, "server CPU µs per request, a Redis GET in each"],
                "pipe-pingpong" => [:seconds, "seconds"],
                "write-pieces" => [:split_ms, "ms per keep-alive round trip, answer written as io.write(head, body)"],
                "timers" => [:seconds, "seconds"],

@@ -10,7 +10,8 @@ module Bench
 
     module_function
 
-    # Serves +client+ until it closes or asks to; the block, if any, is each request's work.
+    # Serves +client+ until it closes or asks to; the block, if any, is each request's work, and a
+    # String it returns is the response's body instead of the fixed one.
     def serve(client)
       loop do
         close = false
@@ -21,14 +22,19 @@ module Bench
         end
         break unless line
 
-        yield if block_given?
-        client.write(close ? CLOSE_RESPONSE : RESPONSE)
+        body = yield if block_given?
+        client.write(body.is_a?(String) ? response(body, close) : (close ? CLOSE_RESPONSE : RESPONSE))
         break if close
       end
     rescue Errno::ECONNRESET, Errno::EPIPE
       nil
     ensure
       client.close
+    end
+
+    def response(body, close)
+      "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: #{body.bytesize}\r\n" \
+        "#{"Connection: close\r\n" if close}\r\n#{body}"
     end
   end
 end

@@ -11,7 +11,7 @@ require_relative "http_handler"
 
 subject = ARGV.fetch(0) { abort "usage: http_server.rb SUBJECT (evt-<backend>, async-<selector>, blocking, threads)" }
 server = TCPServer.new("127.0.0.1", 0)
-server.listen(1024)
+server.listen(Socket::SOMAXCONN)
 $stdout.puts "listening on #{server.local_address.ip_port}"
 $stdout.flush
 

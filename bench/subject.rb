@@ -6,6 +6,7 @@
 #   evt-<backend>   Evt.run(backend: <backend>)
 #   async-epoll     the async gem on io-event's EPoll selector
 #   async-uring     the async gem on io-event's URing selector
+#   carbon          Carbon Fiber's scheduler (the carbon_fiber gem; Ruby >= 3.4, io_uring)
 #
 # `blocking` and `threads` have no scheduler; scenarios handle them in their own way.
 module Bench
@@ -13,7 +14,7 @@ module Bench
     module_function
 
     def fibers?(subject)
-      subject.start_with?("evt-", "async-")
+      subject.start_with?("evt-", "async-") || subject == "carbon"
     end
 
     # Runs the block on the subject's scheduler until every fiber it scheduled has finished.
@@ -26,6 +27,14 @@ module Bench
         ENV["IO_EVENT_SELECTOR"] = Regexp.last_match(1) == "epoll" ? "EPoll" : "URing"
         require "async"
         Async(&block).wait
+      when "carbon"
+        require "carbon_fiber"
+        Fiber.set_scheduler(CarbonFiber::Scheduler.new)
+        begin
+          Fiber.schedule(&block)
+        ensure
+          Fiber.set_scheduler(nil) # runs the loop until every fiber has finished
+        end
       else
         raise ArgumentError, "#{subject} has no scheduler"
       end

@@ -67,7 +67,7 @@ main(void)
     if (setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0) die("setsockopt");
     struct sockaddr_in address = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (bind(listener, (struct sockaddr *)&address, sizeof(address)) < 0) die("bind");
-    if (listen(listener, 1024) < 0) die("listen");
+    if (listen(listener, SOMAXCONN) < 0) die("listen");
     socklen_t length = sizeof(address);
     if (getsockname(listener, (struct sockaddr *)&address, &length) < 0) die("getsockname");
 
