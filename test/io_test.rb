@@ -72,6 +72,27 @@ class IOTest < Minitest::Test
     assert_operator time, :>=, 0.05
   end
 
+  # Data that came before the deadline is data, not a timeout, however late the loop gets to look:
+  # here another fiber writes and then keeps the loop busy past the reader's deadline.
+  def test_data_that_came_before_the_deadline_is_not_a_timeout
+    waited = read = nil
+    evt do
+      r, w = IO.pipe
+      r2, w2 = IO.pipe
+      r2.timeout = 0.05
+      Fiber.schedule { waited = r.wait_readable(0.05) }
+      Fiber.schedule { read = r2.read(1) }
+      Fiber.schedule do
+        w.write("x")
+        w2.write("y")
+        busy = monotonic
+        nil while monotonic - busy < 0.15
+      end
+    end
+    assert waited, "wait_readable(0.05) timed out on data written before its deadline"
+    assert_equal "y", read
+  end
+
   def test_io_wait_with_zero_timeout_only_looks
     evt do
       r, w = IO.pipe

@@ -20,8 +20,8 @@ module Evt
   # It follows the C core (ext/evt/loop.c and the files loop.h lists) step by step, with Ruby
   # objects where the C core has structs: a {Waiter} per suspension, a {Timers} heap, a hash of the
   # IOs waited on, a self-pipe for wakeups from other threads. One loop iteration: serve the other threads' requests, resume the ready
-  # fibers, fire the due timers, wait in IO.select (without the GVL) for every watched IO and the
-  # wakeup pipe, mark the waiters whose IOs are ready.
+  # fibers, wait in IO.select (without the GVL) for every watched IO and the wakeup pipe, mark the
+  # waiters whose IOs are ready, fire the due timers.
   #
   # io_read and io_write are here too: without them Ruby 3.4 waits for a descriptor inside its own
   # blocking region (io.c's nogvl_wait_for calls io_wait there), where an IO#close from another
@@ -1186,16 +1186,14 @@ module Evt
         return if until_waiter.nil? && @waiting.zero?
 
         open_backend unless @wakeup_r
-        time = now
-        fire_timers(time)
-        # A timeout_after raised in a fiber here, and that fiber may have finished the work.
-        return if until_waiter.nil? && @waiting.zero? && @ready.empty?
-
+        # The kernel first, then the timers: an event that came before a waiter's deadline wakes it
+        # as ready, however long the turn's fibers kept the loop from looking.
         first = @timers.first
         timeout = if !@ready.empty? then 0
-                  elsif first then [first.deadline - time, 0].max
+                  elsif first then [first.deadline - now, 0].max
                   end
         wait(timeout)
+        fire_timers(now)
       end
     ensure
       @running -= 1
