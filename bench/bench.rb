@@ -77,7 +77,9 @@ module Bench
 
   NOTES = {
     "timers" => "(peak RSS counts the fibers alive at once: a scheduler that starts them faster has more " \
-                "of them overlapping within the 100 ms)",
+                "of them overlapping within the 100 ms; late us: median wall time past the requested sleep of one " \
+                "fiber sleeping 1, 2 and 5 ms in turn, 300 sleeps, alone in its loop; idle CPU %: that process's CPU " \
+                "time over the wall time of those sleeps, which a scheduler that spins for timers spends)",
     "soak" => "(requests: served, by the server's count; errors: wrk's socket errors and non-2xx, every check the " \
               "server makes that failed (message content and order, sleeps or timeouts ending early, Timeout not " \
               "firing, waiters a close did not end with IOError, any other exception, a fiber stalled " \
@@ -1020,7 +1022,11 @@ module Bench
                   [[:rss_mb, "RSS MB", "%.1f"]]
                 else
                   [[:seconds, "seconds", "%.3f"], [:cpu_seconds, "CPU s", "%.3f"]] +
-                    (scenario == "timers" ? [[:rss_mb, "peak RSS MB", "%.1f"]] : [])
+                    (if scenario == "timers"
+                       [[:rss_mb, "peak RSS MB", "%.1f"], [:late_us, "late us", "%.1f"], [:late_p99_us, "late p99 us", "%.1f"],
+                        [:idle_cpu_pct, "idle CPU %", "%.2f"]]
+                     else []
+                     end)
                 end
       columns << [:vs_best_peer, "x best peer", "%.2f"] unless CORE_SUBJECTS.key?(scenario)
       puts
@@ -1122,7 +1128,7 @@ module Bench
       when "http-redis" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive, a Redis GET per request, pool of #{@redis_pool}"
       when "pipe-pingpong" then "#{@size[:pairs]} pipe pairs x #{@size[:messages]} x 1 KiB"
       when "write-pieces" then "#{@size[:rounds]} keep-alive requests from a client without a scheduler; mean round trip"
-      when "timers" then "#{@size[:fibers]} fibers sleeping 0-100 ms"
+      when "timers" then "#{@size[:fibers]} fibers sleeping 0-100 ms; then one fiber sleeping 1, 2, 5 ms x 100"
       when "idle-connections" then "#{@size[:idle]} idle connections, a reader waiting on each"
       when "close-waiters" then "N = #{@size[:waiters].join(", ")} readers blocked on N pipes, every read end closed"
       when "blocking-ops" then "#{@size[:deflates]} fibers each deflating #{@size[:deflate_mib]} MiB with Zlib"

@@ -134,4 +134,23 @@ class SleepTest < Minitest::Test
     assert raiser_resumed, "the fiber that raised must run on"
     assert_operator time, :<, 2, "a leftover 5 s timer would keep the loop alive"
   end
+
+  # The loop tightens its thread's timer slack (the kernel's leeway on timed waits) while it waits
+  # for timers, and gives the thread its own back when the scheduler closes. The main thread's
+  # slack is /proc/self/timerslack_ns.
+  def test_the_timer_slack_is_tightened_while_the_loop_waits_and_restored_after
+    skip "the pure-Ruby loop leaves the timer slack alone" if SELECT
+    skip "no /proc/self/timerslack_ns here" unless File.readable?("/proc/self/timerslack_ns")
+    skip "not on the main thread" unless Thread.current == Thread.main
+
+    slack = -> { Integer(File.read("/proc/self/timerslack_ns")) }
+    before = slack.call
+    during = nil
+    evt do
+      sleep 0.002
+      during = slack.call
+    end
+    assert_equal 1000, during
+    assert_equal before, slack.call
+  end
 end

@@ -32,6 +32,7 @@ enum { TAG_OP = 0, TAG_POLL = 1, TAG_WAKEUP = 2, TAG_IGNORE = 3, TAG_MASK = 3 };
 
 #define RING_ENTRIES 256
 #define COMPLETION_ENTRIES 16384
+#define TASKRUN_ROUNDS 8 /* kernel entries a dispatch makes at most for completions still in task work */
 
 struct uring_backend {
     struct io_uring ring;
@@ -54,8 +55,11 @@ static int has_close;
 static unsigned setup_flags; /* the flags a ring was last made with here */
 
 static const unsigned setup_choices[] = {
-    IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_SUBMIT_ALL, /* 6.1 */
-    IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL,                               /* 5.19, 5.18 */
+    /* TASKRUN_FLAG: the kernel says in the SQ ring's flags when completions wait in task work it
+     * has not run yet (see dispatch_completions). */
+    IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_SUBMIT_ALL | IORING_SETUP_TASKRUN_FLAG, /* 6.1 */
+    IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL | IORING_SETUP_TASKRUN_FLAG,                               /* 5.19 */
+    IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL,                                                           /* 5.18 */
     0,
 };
 
@@ -227,6 +231,7 @@ poll_done(struct evt_loop *loop, struct uring_backend *backend, uint64_t data, i
 static void
 dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
 {
+    int rounds = 0;
     for (;;) {
         struct io_uring_cqe *cqe;
         unsigned head, count = 0;
@@ -248,9 +253,21 @@ dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
             count++;
         }
         io_uring_cq_advance(&backend->ring, count);
-        /* Completions the CQ had no room for wait in the kernel: fetch them too. */
-        if (!io_uring_cq_has_overflow(&backend->ring)) return;
-        io_uring_get_events(&backend->ring);
+        /* Completions the CQ had no room for wait in the kernel, and completions still in task work:
+         * a kernel wait that need not block runs only a few of those (newer kernels cap each entry at
+         * a small batch), so under load polls that had fired long ago stayed unreported for whole
+         * turns and their waiters timed out with data on the socket. Fetch them too, a bounded
+         * number of times (they keep coming under load). */
+        if (!io_uring_cq_has_overflow(&backend->ring) &&
+            !(IO_URING_READ_ONCE(*backend->ring.sq.kflags) & IORING_SQ_TASKRUN))
+            return;
+        if (++rounds > TASKRUN_ROUNDS) return;
+        /* Asking for many completions with a zero timeout has the kernel run that much task work
+         * (io_uring_get_events would run one small batch), and never blocks. */
+        struct __kernel_timespec zero = {0, 0};
+        struct io_uring_cqe *first;
+        int r = io_uring_wait_cqes(&backend->ring, &first, COMPLETION_ENTRIES, &zero, NULL);
+        if (r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN && r != -EBUSY) return; /* the next wait reports it */
     }
 }
 

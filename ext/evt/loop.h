@@ -10,6 +10,7 @@
 
 #include <ruby.h>
 #include <ruby/io.h>
+#include <pthread.h>
 #include <ruby/st.h>
 #include <stdint.h>
 #include <time.h>
@@ -103,6 +104,11 @@ struct evt_loop {
     int dispatching;          /* selector: evt_waiter_ready puts waiters in dispatched, not ready */
     int selector;             /* driven by someone else's loop (Evt::Selector: async's), not evt_loop_run */
     int64_t idle_ns;          /* selector: time the last select spent blocked in the kernel */
+    int64_t wake_late_ns;     /* how late a timed kernel wait ends, on average: such waits end that
+                                 much early, and the loop spins the rest (wait_out_timer in loop.c) */
+    int slack_saved;          /* the thread's timer slack is tightened (saved_slack is what it was) */
+    int saved_slack;
+    pthread_t slack_thread;
     int interrupted;          /* selector: the tag of an exception that ended the kernel wait, to raise
                                  once its events are dispatched */
     struct evt_list spare;    /* selector: pushed waiters to reuse, by io_link */
@@ -135,6 +141,8 @@ struct evt_loop {
 };
 
 extern VALUE evt_cLoop;
+
+void evt_loop_restore_timer_slack(struct evt_loop *loop);
 
 #define EACH_WAITER(head, member, w)                                                           \
     for (struct evt_list *node_ = (head)->next, *next_ = node_->next; node_ != (head);          \

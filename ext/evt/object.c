@@ -116,6 +116,7 @@ evt_loop_close_backend(struct evt_loop *loop)
     while (loop->kernel_ops && loop->forks == evt_forks && (op = pending_op(loop))) loop->backend->cancel(loop, op);
     loop->backend->close(loop);
     loop->backend_data = NULL;
+    evt_loop_restore_timer_slack(loop);
     evt_wakeup_close(&loop->wakeup);
     /* Whatever the kernel knew is gone with its objects. */
     for (int fd = 0; fd < loop->registrations_size; fd++) {
