@@ -18,10 +18,7 @@ def work
 end
 
 workers = Integer(ARGV.fetch(0) { abort "usage: http_cpu_server.rb WORKERS" })
-server = TCPServer.new("127.0.0.1", 0)
-server.listen(Socket::SOMAXCONN)
-$stdout.puts "listening on #{server.local_address.ip_port}"
-$stdout.flush
+server = Bench::HTTPHandler.listen
 Evt::Workers.new(count: workers, listeners: [server]).run do |worker|
   until worker.stopping?
     client = server.accept

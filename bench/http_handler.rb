@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "socket"
+
 module Bench
   # The request handler every Ruby HTTP subject of bin/bench shares: read the request lines with
   # gets until the blank line, write a fixed response, keep the connection while the client does.
@@ -9,6 +11,16 @@ module Bench
                      "Connection: close\r\n\r\nHello World\n"
 
     module_function
+
+    # The server's socket on 127.0.0.1 at a port the kernel chose, with the largest backlog the
+    # system allows, announced on stdout as bin/bench waits for it ("listening on PORT").
+    def listen
+      server = TCPServer.new("127.0.0.1", 0)
+      server.listen(Socket::SOMAXCONN)
+      $stdout.puts "listening on #{server.local_address.ip_port}"
+      $stdout.flush
+      server
+    end
 
     # Serves +client+ until it closes or asks to; the block, if any, is each request's work, and a
     # String it returns is the response's body instead of the fixed one.

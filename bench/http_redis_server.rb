@@ -24,10 +24,7 @@ rescue StandardError => e
   warn "http-redis: #{e.class}: #{e.message}"
 end
 
-server = TCPServer.new("127.0.0.1", 0)
-server.listen(Socket::SOMAXCONN)
-$stdout.puts "listening on #{server.local_address.ip_port}"
-$stdout.flush
+server = Bench::HTTPHandler.listen
 
 case subject
 when "threads"

@@ -10,10 +10,7 @@ require_relative "subject"
 require_relative "http_handler"
 
 subject = ARGV.fetch(0) { abort "usage: http_server.rb SUBJECT (evt-<backend>, async-<selector>, blocking, threads)" }
-server = TCPServer.new("127.0.0.1", 0)
-server.listen(Socket::SOMAXCONN)
-$stdout.puts "listening on #{server.local_address.ip_port}"
-$stdout.flush
+server = Bench::HTTPHandler.listen
 
 case subject
 when "blocking"
