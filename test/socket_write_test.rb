@@ -5,7 +5,28 @@ require "test_helper"
 # IO#write with several strings on a socket (and #puts, which writes a line and its newline): Ruby
 # without a scheduler sends them with one writev(2); under evt they go as one send too, not as one
 # segment per string (which Nagle's algorithm holds back for ~40 ms against a peer delaying its ACKs).
+# A single string goes out with one send as well, without a trip through the scheduler's io_write.
 class SocketWriteTest < Minitest::Test
+  # Counts the io_write calls Ruby makes to the scheduler.
+  class CountingScheduler < Evt::Scheduler
+    attr_reader :io_writes
+
+    def io_write(...)
+      @io_writes = (@io_writes || 0) + 1
+      super
+    end
+  end
+
+  def with_counting_scheduler
+    scheduler = CountingScheduler.new
+    Timeout.timeout(30) do
+      Fiber.set_scheduler(scheduler)
+      Fiber.schedule { yield }
+    ensure
+      Fiber.set_scheduler(nil)
+    end
+    scheduler.io_writes || 0
+  end
   # tcp_info's tcpi_data_segs_out (Linux 4.6): the data segments the socket has sent.
   DATA_SEGS_OUT = 156
 
@@ -93,6 +114,46 @@ class SocketWriteTest < Minitest::Test
     peer&.close
   end
 
+  # The response-sized write of one string that the socket takes at once is one send(2) from the
+  # string: no io_write (on io_uring that suspended the fiber until the ring's completion, holding
+  # the IO's write lock). One too big for the socket goes on through io_write for the rest.
+  def test_one_string_the_socket_takes_goes_out_without_io_write
+    skip "the pure-Ruby loop sends one string through io_write" unless Evt.extension?
+    writer, peer = tcp_pair
+    received = nil
+    writes = with_counting_scheduler do
+      assert_equal 11, writer.write("hello world")
+      received = peer.read(11)
+    end
+    assert_equal "hello world", received
+    assert_equal 0, writes, "a write the socket took at once went through io_write"
+    big = "x" * 4_000_000
+    writes = with_counting_scheduler do
+      Fiber.schedule { received = peer.read(big.bytesize) }
+      assert_equal big.bytesize, writer.write(big)
+    end
+    assert_equal big, received
+    assert_operator writes, :>=, 1, "the rest of a write bigger than the socket buffer did not wait through io_write"
+  ensure
+    writer&.close
+    peer&.close
+  end
+
+  # Fibers writing big single strings on one socket: each arrives in one piece, as with a thread.
+  def test_concurrent_single_string_writes_do_not_interleave
+    writer, peer = tcp_pair
+    messages = %w[x y z].map { |c| "#{c * 1_500_000}!" }
+    received = nil
+    evt do
+      Fiber.schedule { received = peer.read(messages.sum(&:bytesize)) }
+      messages.each { |message| Fiber.schedule { writer.write(message) } }
+    end
+    assert_equal messages.sort, received.scan(/(?:x+!|y+!|z+!)/).sort
+  ensure
+    writer&.close
+    peer&.close
+  end
+
   def test_objects_other_than_strings_are_written_as_ruby_writes_them
     writer, peer = tcp_pair
     written = nil
@@ -121,18 +182,23 @@ class SocketWriteTest < Minitest::Test
   def test_errors_are_the_ones_ruby_raises
     writer, peer = tcp_pair
     writer.close_write
-    expected = error_without_scheduler { writer.write("a", "b") }
-    raised = nil
-    evt do
-      raised = assert_raises(expected.class) { writer.write("a", "b") }
+    [%w[a b], %w[ab]].each do |strings|
+      expected = error_without_scheduler { writer.write(*strings) }
+      raised = nil
+      evt do
+        raised = assert_raises(expected.class) { writer.write(*strings) }
+      end
+      assert_equal expected.message, raised.message
     end
-    assert_equal expected.message, raised.message
     writer.close
-    expected = error_without_scheduler { writer.write("a", "b") }
-    evt do
-      raised = assert_raises(expected.class) { writer.write("a", "b") }
+    [%w[a b], %w[ab]].each do |strings|
+      expected = error_without_scheduler { writer.write(*strings) }
+      raised = nil
+      evt do
+        raised = assert_raises(expected.class) { writer.write(*strings) }
+      end
+      assert_equal expected.message, raised.message
     end
-    assert_equal expected.message, raised.message
   ensure
     writer&.close
     peer&.close
@@ -145,6 +211,15 @@ class SocketWriteTest < Minitest::Test
     evt do
       raised = assert_raises(Errno::EPIPE, Errno::ECONNRESET) do
         20.times { writer.write("a" * 100_000, "b") } # the first may still be taken
+      end
+    end
+    assert_kind_of SystemCallError, raised
+    writer.close
+    writer, peer = tcp_pair
+    peer.close
+    evt do
+      raised = assert_raises(Errno::EPIPE, Errno::ECONNRESET) do
+        20.times { writer.write("a" * 100_000) }
       end
     end
     assert_kind_of SystemCallError, raised
