@@ -450,8 +450,7 @@ static void
 collect_before_timers(struct evt_loop *loop)
 {
     for (int looks = 0; looks < 8; looks++) {
-        struct evt_timer *first = evt_timers_first(&loop->timers);
-        if (!first || first->deadline > evt_now_ns()) return;
+        if (!evt_loop_timer_due(loop)) return;
         int capacity = loop->fired_capacity;
         int fired = wait_in_kernel(loop, 0);
         serve_closes(loop);

@@ -157,6 +157,14 @@ evt_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* Whether a timer is due now: the turn fires it once the events are collected. */
+static inline int
+evt_loop_timer_due(struct evt_loop *loop)
+{
+    struct evt_timer *first = evt_timers_first(&loop->timers);
+    return first && first->deadline <= evt_now_ns();
+}
+
 static inline void
 evt_waiter_init(struct evt_waiter *w, VALUE fiber)
 {
