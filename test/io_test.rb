@@ -51,6 +51,27 @@ class IOTest < Minitest::Test
     assert writable, "the writer waiting on the same socket was not woken"
   end
 
+  # Data already there is read at once, as a thread reads it: the fiber goes on without letting the
+  # others run first (on io_uring such a read went through the ring: a fiber switch and a turn of
+  # the loop for every read), on a pipe and on a socket.
+  def test_a_read_of_data_already_there_returns_without_a_fiber_switch
+    [IO.pipe, UNIXSocket.pair.reverse].each do |r, w|
+      order = []
+      evt do
+        w.write("hello")
+        Fiber.schedule do
+          sleep 0 # ready, queued before the reader
+          order << :other
+        end
+        Fiber.schedule { order << r.read(5) }
+      end
+      assert_equal ["hello", :other], order
+    ensure
+      r&.close
+      w&.close
+    end
+  end
+
   def test_io_wait_returns_the_ready_events
     evt do
       r, w = IO.pipe

@@ -227,6 +227,33 @@ by_backend_transfer(struct evt_loop *loop, struct evt_registration *reg, off_t p
     return position < 0 && may_wait;
 }
 
+/* A read the ring would wait for is tried at once first (recv(2) with MSG_DONTWAIT, or read(2) on a
+ * descriptor in non-blocking mode) while such tries keep finding data: then it is one system call,
+ * with no trip through the ring and no fiber switch (a pipe read in a loop, a new connection's first
+ * request). A score per descriptor counts recent hits up and misses down; at zero (a keep-alive
+ * connection read just after its answer went out: the next request is not there yet) only one
+ * read in EVT_PROBE_SKIP + 1 tries, the others go straight to the ring. Returns the bytes read,
+ * -errno, or -EAGAIN when the ring is to do it. */
+enum { EVT_PROBE_SCORE_MAX = 4, EVT_PROBE_SKIP = 15 };
+
+static inline long
+read_at_once(struct evt_registration *reg, int fd, char *base, size_t size)
+{
+    if (reg->read_skips) {
+        reg->read_skips--;
+        return -EAGAIN;
+    }
+    ssize_t n = (reg->flags & EVT_REG_SOCKET) ? recv(fd, base, size, MSG_DONTWAIT) : read(fd, base, size);
+    if (n >= 0) {
+        if (reg->read_score < EVT_PROBE_SCORE_MAX) reg->read_score++;
+        return n;
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return -errno;
+    if (reg->read_score) reg->read_score--;
+    if (!reg->read_score) reg->read_skips = EVT_PROBE_SKIP;
+    return -EAGAIN;
+}
+
 /* Whether read_nonblock called this hook: the one reader that must not wait. sysread comes with the
  * same arguments and must wait (it does not try again after EAGAIN), so the stack says which. */
 static int
@@ -308,7 +335,12 @@ transfer_single(struct transfer *t, size_t offset, size_t max, int may_wait)
      * per request under Falcon). */
     int nowait = !may_wait && loop->selector && loop->backend->transfer && t->events == EVT_WRITABLE &&
                  (reg->flags & EVT_REG_SOCKET) && t->position < 0;
-    if (nowait || by_backend_transfer(loop, reg, t->position, may_wait, t->events)) {
+    int by_backend = nowait || by_backend_transfer(loop, reg, t->position, may_wait, t->events);
+    if (by_backend && t->events == EVT_READABLE && !(reg->flags & (EVT_REG_FILE | EVT_REG_BLOCKING))) {
+        long n = read_at_once(reg, t->fd, at, max);
+        if (n != -EAGAIN) return n;
+    }
+    if (by_backend) {
         struct evt_op op = {
             .kind = EVT_OP_TRANSFER, .fd = t->fd, .events = t->events, .base = at, .size = max,
             .position = t->position < 0 ? -1 : t->position,
