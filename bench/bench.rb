@@ -17,8 +17,8 @@ require_relative "soak"
 
 module Bench
   ROOT = File.expand_path("..", __dir__)
-  SCENARIOS = %w[http-keepalive http-close http-redis pipe-pingpong write-pieces timers idle-connections close-waiters
-                 blocking-ops http-cpu falcon].freeze
+  SCENARIOS = %w[http-keepalive http-close http-redis pipe-pingpong big-reads write-pieces timers idle-connections
+                 close-waiters blocking-ops http-cpu falcon].freeze
   # Scenarios that run only when --only names them: soak takes 10 minutes per backend.
   ON_REQUEST = %w[soak].freeze
   # Scenarios about evt's use of every core, with subjects of their own (evt configured two ways).
@@ -54,9 +54,11 @@ module Bench
   # Sizes: the full run, and --quick (the whole suite in about two minutes, half of it falcon).
   SIZES = {
     full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000,
-           waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8, repeats: 3, soak: 600, rounds: 50},
+           waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8, repeats: 3, soak: 600, rounds: 50,
+           big_clients: 20, big_rounds: 20},
     quick: {duration: 1, warmup: 1, strace: 1, pairs: 10, messages: 2_000, fibers: 10_000, idle: 1_000,
-            waiters: [10, 100, 1000], deflates: 4, deflate_mib: 2, repeats: 1, soak: 30, rounds: 20},
+            waiters: [10, 100, 1000], deflates: 4, deflate_mib: 2, repeats: 1, soak: 30, rounds: 20,
+            big_clients: 5, big_rounds: 5},
   }.freeze
 
   # soak's HTTP load: two wrk at once, [connections, headers].
@@ -324,6 +326,7 @@ module Bench
                   when "http-close" then http(subject, keepalive: false)
                   when "http-redis" then http_redis(subject)
                   when "pipe-pingpong" then script("pipe_pingpong.rb", subject, @size[:pairs], @size[:messages])
+                  when "big-reads" then script("big_reads.rb", subject, @size[:big_clients], @size[:big_rounds])
                   when "write-pieces" then script("write_pieces.rb", subject, @size[:rounds])
                   when "timers" then timers(subject)
                   when "idle-connections" then idle(subject)
@@ -346,6 +349,7 @@ module Bench
       return nil if scenario.start_with?("http-") || CORE_SUBJECTS.key?(scenario) || scenario == "falcon"
       return "an HTTP server only" if subject == "c-epoll"
       return "one thread cannot block on several readers" if scenario == "close-waiters" && subject == "blocking"
+      return "one thread cannot serve and read at once" if scenario == "big-reads" && subject == "blocking"
       return "one thread cannot hold #{@size[:idle]} waiting connections" if scenario == "idle-connections" && subject == "blocking"
       return "#{@size[:fibers]} sleepers need fibers or as many threads" if scenario == "timers" && %w[blocking threads].include?(subject)
 
@@ -947,7 +951,7 @@ module Bench
 
     # What each scenario is judged by: lower is better for all of them.
     def metric(scenario)
-      {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "http-redis" => :cpu_us_per_req, "pipe-pingpong" => :seconds, "write-pieces" => :split_ms,
+      {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "http-redis" => :cpu_us_per_req, "pipe-pingpong" => :seconds, "big-reads" => :cpu_seconds, "write-pieces" => :split_ms,
        "timers" => :seconds, "idle-connections" => :rss_mb, "close-waiters" => :close_avg_us,
        "blocking-ops" => :seconds, "http-cpu" => :cpu_us_per_req, "falcon" => :cpu_us_per_req}.fetch(scenario)
     end
@@ -1127,6 +1131,7 @@ module Bench
       when "http-close" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, Connection: close"
       when "http-redis" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive, a Redis GET per request, pool of #{@redis_pool}"
       when "pipe-pingpong" then "#{@size[:pairs]} pipe pairs x #{@size[:messages]} x 1 KiB"
+      when "big-reads" then "#{@size[:big_clients]} Net::HTTP clients x #{@size[:big_rounds]} bodies of 512 KiB from a server in the same process"
       when "write-pieces" then "#{@size[:rounds]} keep-alive requests from a client without a scheduler; mean round trip"
       when "timers" then "#{@size[:fibers]} fibers sleeping 0-100 ms; then one fiber sleeping 1, 2, 5 ms x 100"
       when "idle-connections" then "#{@size[:idle]} idle connections, a reader waiting on each"

@@ -8,6 +8,7 @@ module Bench
                "http-close" => [:cpu_us_per_req, "server CPU µs per request"],
                "http-redis" => [:cpu_us_per_req, "server CPU µs per request, a Redis GET in each"],
                "pipe-pingpong" => [:seconds, "seconds"],
+               "big-reads" => [:cpu_seconds, "CPU seconds, client and server"],
                "write-pieces" => [:split_ms, "ms per keep-alive round trip, answer written as io.write(head, body)"],
                "timers" => [:seconds, "seconds"],
                "idle-connections" => [:rss_mb, "RSS MB"],
