@@ -179,26 +179,24 @@ class SocketWriteTest < Minitest::Test
     peer&.close
   end
 
+  # A write of several strings and of one, each raising what Ruby raises without a scheduler.
+  def assert_writes_raise_as_ruby_does(writer)
+    [%w[a b], %w[ab]].each do |strings|
+      expected = error_without_scheduler { writer.write(*strings) }
+      raised = nil
+      evt do
+        raised = assert_raises(expected.class) { writer.write(*strings) }
+      end
+      assert_equal expected.message, raised.message
+    end
+  end
+
   def test_errors_are_the_ones_ruby_raises
     writer, peer = tcp_pair
     writer.close_write
-    [%w[a b], %w[ab]].each do |strings|
-      expected = error_without_scheduler { writer.write(*strings) }
-      raised = nil
-      evt do
-        raised = assert_raises(expected.class) { writer.write(*strings) }
-      end
-      assert_equal expected.message, raised.message
-    end
+    assert_writes_raise_as_ruby_does(writer)
     writer.close
-    [%w[a b], %w[ab]].each do |strings|
-      expected = error_without_scheduler { writer.write(*strings) }
-      raised = nil
-      evt do
-        raised = assert_raises(expected.class) { writer.write(*strings) }
-      end
-      assert_equal expected.message, raised.message
-    end
+    assert_writes_raise_as_ruby_does(writer)
   ensure
     writer&.close
     peer&.close
