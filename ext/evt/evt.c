@@ -118,125 +118,6 @@ loop_started(VALUE self)
     return Qnil;
 }
 
-/* ---- Fiber.schedule with no options, in C ---------------------------------------------------------
- *
- * Evt::Scheduling#fiber (scheduler.rb) in Ruby cost ~2.7 µs per fiber beyond Fiber.new and resume:
- * the method calls, three keyword Hashes, a wrapping Proc, two more calls to start the fiber and
- * to say it runs. Here the same for the common call (no keywords), the body a C function: the
- * fiber runs the block, and an exception that ends it goes where the Ruby version sends it. With
- * keywords (storage:, blocking:), Ruby's own method does it all. */
-
-static ID id_report;
-static __thread VALUE starting_loop = Qnil; /* the loop starting a fiber, until its body takes it */
-
-static VALUE
-call_block(VALUE block)
-{
-    return rb_proc_call_with_block(block, 0, NULL, Qnil);
-}
-
-/* The loop that started the running fiber's body, now told the fiber runs (as #started). */
-static VALUE
-body_started(void)
-{
-    VALUE self = starting_loop;
-    starting_loop = Qnil;
-    evt_loop_check(self)->current = rb_fiber_current();
-    return self;
-}
-
-/* A fiber scheduled by the thread's own (blocking) code: what ends it goes on to that code. */
-static VALUE
-scheduled_body(RB_BLOCK_CALL_FUNC_ARGLIST(unused, block))
-{
-    body_started();
-    return call_block(block);
-}
-
-struct child {
-    VALUE self;
-    VALUE block;
-};
-
-static VALUE
-call_child_block(VALUE ptr)
-{
-    return call_block(((struct child *)ptr)->block);
-}
-
-static VALUE
-report_child_error(VALUE ptr, VALUE error)
-{
-    struct child *child = (struct child *)ptr;
-    if (rb_obj_is_kind_of(error, rb_eSystemExit) || rb_obj_is_kind_of(error, rb_eSignal)) rb_exc_raise(error);
-    rb_funcall(child->self, id_report, 2, error, child->block);
-    return Qnil;
-}
-
-/* A fiber scheduled by a scheduled fiber: its exception is reported and ends it alone. */
-static VALUE
-scheduled_child_body(RB_BLOCK_CALL_FUNC_ARGLIST(unused, block))
-{
-    struct child child = {body_started(), block};
-    return rb_rescue2(call_child_block, (VALUE)&child, report_child_error, (VALUE)&child, rb_eException, (VALUE)0);
-}
-
-struct start {
-    VALUE self;
-    VALUE fiber;
-    VALUE error;
-};
-
-static VALUE
-try_start(VALUE ptr)
-{
-    struct start *start = (struct start *)ptr;
-    starting_loop = start->self;
-    loop_start(start->self, start->fiber);
-    return Qtrue;
-}
-
-static VALUE
-start_failed(VALUE ptr, VALUE error)
-{
-    ((struct start *)ptr)->error = error;
-    return Qfalse;
-}
-
-/* Starts a new fiber as Evt::Scheduling#start_collecting does: a FiberError before it ran (no
- * memory for its stack: CRuby gives the stacks of ended fibers back only when they are collected)
- * is tried once more after a garbage collection. */
-static void
-start_collecting(VALUE self, VALUE fiber)
-{
-    struct start start = {self, fiber, Qnil};
-    int started = RTEST(rb_rescue2(try_start, (VALUE)&start, start_failed, (VALUE)&start, eFiberError, (VALUE)0));
-    starting_loop = Qnil;
-    if (started) return;
-    if (!RTEST(rb_fiber_alive_p(fiber))) rb_exc_raise(start.error);
-    rb_gc_start();
-    try_start((VALUE)&start);
-    starting_loop = Qnil;
-}
-
-/*
- * fiber(**options, &block) -> Fiber
- *
- * Fiber.schedule: with no options, a new non-blocking fiber running the block at once, made and
- * started here (see above); otherwise Evt::Scheduling#fiber.
- */
-static VALUE
-fast_fiber(int argc, VALUE *argv, VALUE self)
-{
-    if (argc != 0 || !rb_block_given_p()) return rb_call_super_kw(argc, argv, RB_PASS_CALLED_KEYWORDS);
-    evt_loop_get(self);
-    VALUE block = rb_block_proc();
-    int child = !fiber_blocking_p(rb_fiber_current());
-    VALUE fiber = rb_fiber_new(child ? scheduled_child_body : scheduled_body, block);
-    start_collecting(self, fiber);
-    return fiber;
-}
-
 /*
  * run -> self
  *
@@ -429,11 +310,6 @@ Init_evt(void)
     rb_define_private_method(evt_cLoop, "started", loop_started, 0);
     rb_define_private_method(evt_cLoop, "close_backend", loop_close_backend_m, 0);
     rb_define_private_method(evt_cLoop, "suspended_fibers", loop_fibers, 0);
-
-    id_report = rb_intern("report");
-    /* Evt::FastFiber, prepended to Evt::Scheduler (scheduler.rb) before Evt::Scheduling. */
-    VALUE mFastFiber = rb_define_module_under(mEvt, "FastFiber");
-    rb_define_method(mFastFiber, "fiber", fast_fiber, -1);
 
     evt_hooks_init(evt_cLoop);
     evt_close_init(mEvt);

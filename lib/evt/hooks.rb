@@ -36,7 +36,7 @@ module Evt
                               rubies: "3.3+"),
     blocking_operation_wait: Hook.new(call: "blocking_operation_wait(work)",
                                       where: "scheduler.rb: WorkerPool's threads", rubies: "3.4+"),
-    fiber: Hook.new(call: "fiber(**options, &block)", where: "C, evt.c without options; scheduler.rb with them", rubies: "3.3+"),
+    fiber: Hook.new(call: "fiber(**options, &block)", where: "scheduler.rb", rubies: "3.3+"),
     scheduler_close: Hook.new(call: "scheduler_close", where: "C, evt.c, keeps $! intact", rubies: "3.3+"),
     close: Hook.new(call: "close", where: "scheduler.rb", rubies: "3.3+"),
     io_close: Hook.new(call: "io_close(fd)", where: "C, hooks.c: through the ring on io_uring", rubies: "4.0+"),

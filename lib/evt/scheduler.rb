@@ -277,9 +277,6 @@ module Evt
   # and {SelectScheduler} offers that loop on request.
   class Scheduler < Loop
     prepend Scheduling
-    # Fiber.schedule with no options in C (ext/evt/evt.c), before Scheduling#fiber, which it calls
-    # for the rest.
-    prepend FastFiber if Evt.extension?
 
     # @return [Array<Symbol>] the backends that can run on this machine, fastest first (`select`
     #   is always there, and last).
