@@ -17,11 +17,13 @@
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <liburing.h>
+#include <ruby/ractor.h>
 #include <ruby/thread.h>
 
 /* A request's user_data: a struct evt_op pointer (8-aligned, tag 0), or a tagged value. */
@@ -48,11 +50,12 @@ poll_data(int fd, uint32_t serial)
 
 /* ---- probing -------------------------------------------------------------------------------- */
 
+/* What the probe found, once for the process (Ractors may probe at once: under probe_lock). */
+static pthread_mutex_t probe_lock = PTHREAD_MUTEX_INITIALIZER;
 static const char *probe_reason;
 static int probed;
 static int has_waitid;
 static int has_close;
-static unsigned setup_flags; /* the flags a ring was last made with here */
 
 static const unsigned setup_choices[] = {
     /* TASKRUN_FLAG: the kernel says in the SQ ring's flags when completions wait in task work it
@@ -63,19 +66,18 @@ static const unsigned setup_choices[] = {
     0,
 };
 
-/* Makes a ring with the best setup flags this kernel takes. 0 or -errno. */
+/* Makes a ring with the best setup flags this kernel takes (from `first` on). 0 or -errno. */
 static int
-ring_create(struct io_uring *ring)
+ring_create(struct io_uring *ring, size_t first)
 {
     int err = -EINVAL;
-    for (size_t i = 0; i < sizeof(setup_choices) / sizeof(setup_choices[0]); i++) {
+    for (size_t i = first; i < sizeof(setup_choices) / sizeof(setup_choices[0]); i++) {
         struct io_uring_params params;
         memset(&params, 0, sizeof(params));
         params.flags = setup_choices[i] | IORING_SETUP_CQSIZE;
         params.cq_entries = COMPLETION_ENTRIES;
         err = io_uring_queue_init_params(RING_ENTRIES, ring, &params);
         if (err == 0) {
-            setup_flags = setup_choices[i];
             if (!(params.features & IORING_FEAT_EXT_ARG) || !(params.features & IORING_FEAT_NODROP)) {
                 io_uring_queue_exit(ring);
                 return -ENOSYS; /* timeouts on the wait itself (5.11), no lost completions (5.5) */
@@ -88,11 +90,11 @@ ring_create(struct io_uring *ring)
 }
 
 static const char *
-uring_probe(void)
+probe_once(void)
 {
     if (probed) return probe_reason;
     struct io_uring ring;
-    int err = ring_create(&ring);
+    int err = ring_create(&ring, 0);
     /* Out of descriptors says nothing about io_uring: not remembered, and opening raises EMFILE.
      * Another error may pass too (ENOMEM: memlock), so it is not remembered either. */
     if (evt_out_of_descriptors(-err)) return NULL;
@@ -112,6 +114,17 @@ uring_probe(void)
     if (probe) io_uring_free_probe(probe);
     io_uring_queue_exit(&ring);
     return probe_reason;
+}
+
+static const char *
+uring_probe(void)
+{
+    int err = pthread_mutex_lock(&probe_lock);
+    if (err) rb_bug("evt: locking io_uring's probe: %s", strerror(err));
+    const char *reason = probe_once();
+    err = pthread_mutex_unlock(&probe_lock);
+    if (err) rb_bug("evt: unlocking io_uring's probe: %s", strerror(err));
+    return reason;
 }
 
 /* ---- submission --------------------------------------------------------------------------------- */
@@ -137,13 +150,32 @@ arm_wakeup(struct uring_backend *backend)
     io_uring_sqe_set_data64(sqe, TAG_WAKEUP);
 }
 
+/* Whether the calling Ruby thread may go on on another native thread: Ruby's M:N scheduler runs the
+ * threads of a Ractor other than the main one on a few native threads, moving them between those
+ * (and the main Ractor's too, with RUBY_MN_THREADS=1). A ring made with SINGLE_ISSUER takes
+ * submissions from the thread that made it only (EEXIST from any other), so such a ring is made
+ * without it (setup_choices[1] on). */
+static int
+thread_may_move(void)
+{
+    const char *mn = getenv("RUBY_MN_THREADS");
+    if (mn && strcmp(mn, "0") != 0 && *mn) return 1;
+    static ID id_main, id_current;
+    if (!id_main) {
+        id_main = rb_intern("main");
+        id_current = rb_intern("current");
+    }
+    return rb_funcall(rb_cRactor, id_current, 0) != rb_funcall(rb_cRactor, id_main, 0);
+}
+
 static int
 uring_open(struct evt_loop *loop)
 {
     /* The features this ring may use (a probe that met EMFILE learnt none of them). */
     if (uring_probe()) return -ENOSYS;
+    size_t first = thread_may_move() ? 1 : 0;
     struct uring_backend *backend = ALLOC(struct uring_backend);
-    int err = ring_create(&backend->ring);
+    int err = ring_create(&backend->ring, first);
     if (err < 0) {
         ruby_xfree(backend);
         return err;

@@ -145,8 +145,18 @@ void
 evt_io_closing(VALUE io, int fd)
 {
     VALUE thread = Qundef;
-    for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
-        struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
+    /* Only this Ractor's loops: another Ractor's cannot know io, which is this Ractor's. */
+    struct evt_loop *buffer[16], **loops = buffer;
+    size_t room = sizeof(buffer) / sizeof(buffer[0]);
+    size_t count = evt_ractor_loops(loops, room);
+    VALUE store = 0;
+    while (count > room) { /* other threads of this Ractor may make loops meanwhile */
+        room = count + 16;
+        loops = ALLOCV_N(struct evt_loop *, store, room);
+        count = evt_ractor_loops(loops, room);
+    }
+    for (size_t i = 0; i < count; i++) {
+        struct evt_loop *loop = loops[i];
         /* A closed selector has forgotten its waiters (and may be garbage not yet swept). */
         if (loop->forks != evt_forks || loop->selector == 2 || !knows(loop, io, fd)) continue;
         if (RB_UNDEF_P(thread)) thread = rb_thread_current();
@@ -174,6 +184,7 @@ evt_io_closing(VALUE io, int fd)
         }
         evt_loop_request(loop, io, INT2FIX(fd));
     }
+    if (store) ALLOCV_END(store);
 }
 
 #pragma GCC diagnostic pop

@@ -289,6 +289,8 @@ loop_s_probe(VALUE klass, VALUE name)
 RUBY_FUNC_EXPORTED void
 Init_evt(void)
 {
+    /* Every Ractor may call what follows (see object.c for the state Ractors share). */
+    rb_ext_ractor_safe(true);
     id_blocking_p = rb_intern("blocking?");
     eFiberError = rb_const_get(rb_cObject, rb_intern("FiberError"));
     VALUE mEvt = rb_define_module("Evt");

@@ -131,6 +131,7 @@ struct evt_loop {
     unsigned forks;           /* evt_forks when the kernel objects were made */
     unsigned epoch;           /* changes when the loop forgets its waiters (evt_loop_forget) */
     struct evt_list link;     /* in the process's list of loops, which IO#close looks through */
+    unsigned long ractor;     /* the Ractor that made it (evt_ractor_serial): the only one that uses it */
     VALUE requests;           /* from other threads: [io, fd] closed, [fiber, exception] to raise */
     int has_requests;
     /* An unblock that came for the fiber running right now (`current`), before it reached block:
@@ -291,8 +292,12 @@ void evt_waiter_ready(struct evt_loop *loop, struct evt_waiter *w);
 void evt_waiter_wake(struct evt_loop *loop, struct evt_waiter *w, enum evt_outcome outcome, int ready);
 
 /* object.c */
-extern struct evt_list evt_loops;
 extern volatile unsigned evt_forks;
+/* The calling Ractor's serial number (1 for the first one to ask, ...): never the same for two. */
+unsigned long evt_ractor_serial(void);
+/* The calling Ractor's loops, copied under the list's lock into `loops` (room for `room`). Returns
+ * how many there are, which may be more than room. */
+size_t evt_ractor_loops(struct evt_loop **loops, size_t room);
 VALUE evt_loop_alloc(VALUE klass);
 struct evt_loop *evt_loop_of(VALUE self);
 /* The loop for `self`, after any fork (kernel objects may still be closed). */

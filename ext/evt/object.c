@@ -4,18 +4,87 @@
 #include "loop.h"
 
 #include <pthread.h>
+#include <string.h>
+
+#include <ruby/ractor.h>
 
 /* Every loop of the process, for IO#close to look through (one per thread that has a scheduler).
- * Changed and read with the GVL held. */
-struct evt_list evt_loops = {&evt_loops, &evt_loops};
+ * Each Ractor has its own GVL, and the GC frees a loop on whichever thread sweeps, so the list is
+ * changed and read under its own lock, and nothing done under it calls Ruby or allocates from
+ * Ruby's heap (a GC there could wait for the lock this thread holds). Only a loop's own Ractor
+ * reads the rest of it: a Ractor's IOs and fibers are its own. */
+static struct evt_list evt_loops = {&evt_loops, &evt_loops};
+static pthread_mutex_t loops_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void
+loops_enter(void)
+{
+    int err = pthread_mutex_lock(&loops_lock);
+    if (err) rb_bug("evt: locking the list of loops: %s", strerror(err));
+}
+
+static void
+loops_leave(void)
+{
+    int err = pthread_mutex_unlock(&loops_lock);
+    if (err) rb_bug("evt: unlocking the list of loops: %s", strerror(err));
+}
+
+/* Each Ractor's serial number, in its local storage (as the pointer itself: nothing to free). */
+static const struct rb_ractor_local_storage_type ractor_serial_type = {NULL, NULL};
+static rb_ractor_local_key_t ractor_serial_key;
+static unsigned long ractor_serials; /* under loops_lock */
+
+unsigned long
+evt_ractor_serial(void)
+{
+    unsigned long serial = (unsigned long)(uintptr_t)rb_ractor_local_storage_ptr(ractor_serial_key);
+    if (RB_LIKELY(serial)) return serial;
+    loops_enter();
+    serial = ++ractor_serials;
+    loops_leave();
+    rb_ractor_local_storage_ptr_set(ractor_serial_key, (void *)(uintptr_t)serial);
+    return serial;
+}
+
+size_t
+evt_ractor_loops(struct evt_loop **loops, size_t room)
+{
+    unsigned long ractor = evt_ractor_serial();
+    size_t count = 0;
+    loops_enter();
+    for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
+        struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
+        if (loop->ractor != ractor) continue;
+        if (count < room) loops[count] = loop;
+        count++;
+    }
+    loops_leave();
+    return count;
+}
 
 /* Counts forks: every child increments it at once, so a loop can tell it was inherited. */
 volatile unsigned evt_forks;
+
+/* The list's lock is held across fork(2), so the child's is never left locked by a thread the
+ * child does not have. */
+static void
+evt_atfork_prepare(void)
+{
+    loops_enter();
+}
+
+static void
+evt_atfork_parent(void)
+{
+    loops_leave();
+}
 
 static void
 evt_atfork_child(void)
 {
     evt_forks++;
+    loops_leave();
 }
 
 static int
@@ -131,7 +200,9 @@ static void
 loop_free(void *ptr)
 {
     struct evt_loop *loop = ptr;
+    loops_enter();
     evt_list_remove(&loop->link);
+    loops_leave();
     evt_loop_close_backend(loop);
     /* Only the heap waiters: the others live on fiber stacks that may already be gone. */
     EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);
@@ -164,10 +235,12 @@ loop_memsize(const void *ptr)
 static void
 loop_registry_mark(void *unused)
 {
+    loops_enter();
     for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
         struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
         if (loop->kernel_ops) rb_gc_mark(loop->self);
     }
+    loops_leave();
 }
 
 static const rb_data_type_t loop_registry_type = {
@@ -201,7 +274,10 @@ evt_loop_alloc(VALUE klass)
     loop->requests = Qnil;
     loop->early_unblock = Qnil;
     loop->launcher = loop->launch_caller = loop->launch_error = Qnil;
+    loop->ractor = evt_ractor_serial();
+    loops_enter();
     evt_list_append(&evt_loops, &loop->link);
+    loops_leave();
     evt_list_init(&loop->ready);
     evt_list_init(&loop->dispatched);
     evt_list_init(&loop->spare);
@@ -329,7 +405,9 @@ evt_loop_of(VALUE self)
 void
 evt_object_init(void)
 {
+    ractor_serial_key = rb_ractor_local_storage_ptr_newkey(&ractor_serial_type);
     rb_gc_register_address(&loop_registry);
     loop_registry = TypedData_Wrap_Struct(0, &loop_registry_type, NULL);
-    pthread_atfork(NULL, NULL, evt_atfork_child);
+    int err = pthread_atfork(evt_atfork_prepare, evt_atfork_parent, evt_atfork_child);
+    if (err) rb_syserr_fail(err, "evt: pthread_atfork");
 }

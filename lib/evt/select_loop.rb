@@ -195,8 +195,6 @@ module Evt
       end
     end
 
-    # Every select loop of the process, for IO#close to look through; weakly held.
-    LOOPS = ObjectSpace::WeakMap.new
     @forks = 0
 
     class << self
@@ -207,13 +205,19 @@ module Evt
         @forks += 1
       end
 
+      # Every select loop of this Ractor, for IO#close to look through; weakly held. (Another
+      # Ractor's loops cannot know this one's IOs, and may not be touched from here.)
+      def loops
+        Ractor.current[:evt_select_loops] ||= ObjectSpace::WeakMap.new
+      end
+
       # IO#close (and close_read, close_write) of +io+, from any thread, before the descriptor
       # closes (see evt_io_closing in close.c): the waiters on that IO object, in every select loop
       # that knows it, raise IOError. The block, if given, says whether the call closes the
       # descriptor at all; it is asked only when a loop knows +io+ (it may cost system calls).
       def closing(io)
         closes = nil
-        LOOPS.each_key do |loop|
+        loops.each_key do |loop|
           next unless loop.__send__(:knows?, io)
 
           closes = !block_given? || yield if closes.nil?
@@ -229,7 +233,7 @@ module Evt
       def closed(io)
         return unless io.closed?
 
-        LOOPS.each_key { |loop| loop.__send__(:io_closing, io) if loop.__send__(:knows?, io) }
+        loops.each_key { |loop| loop.__send__(:io_closing, io) if loop.__send__(:knows?, io) }
       end
 
       # The IO that IO.popen's "r+" IO writes through, while it is open: Ruby keeps it in an
@@ -275,8 +279,10 @@ module Evt
       # Prepends {CloseWatch} and {ReadNonblockWatch} to IO, once: only processes that use a
       # select loop pay for them.
       def watch_closes
+        return if IO.include?(ReadNonblockWatch)
+
         # Ruby 4.0 wakes the waiters itself, through fiber_interrupt.
-        @close_watch ||= RUBY_VERSION < "4" ? IO.prepend(CloseWatch, ReadNonblockWatch) : IO.prepend(ReadNonblockWatch)
+        RUBY_VERSION < "4" ? IO.prepend(CloseWatch, ReadNonblockWatch) : IO.prepend(ReadNonblockWatch)
       end
     end
 
@@ -374,7 +380,7 @@ module Evt
       @blocked = false
       @wakeup_r = @wakeup_w = nil
       SelectLoop.watch_closes
-      LOOPS[self] = true
+      SelectLoop.loops[self] = true
       open_backend
     end
 
@@ -943,9 +949,21 @@ module Evt
       blocking = @blocking_modes[io]
       return blocking unless blocking.nil?
 
-      blocking = io.respond_to?(:nonblock?) && !io.nonblock?
+      blocking = descriptor_blocking?(io)
       blocking &&= !(stat = io.stat).file? && !stat.blockdev?
       @blocking_modes[io] = blocking
+    end
+
+    # io/nonblock's IO#nonblock? (no system call that lets go of the GVL, which IO#fcntl is) where
+    # it may be called: not outside the main Ractor in Ruby 3.3 (Ractor::UnsafeError), where
+    # O_NONBLOCK is read with IO#fcntl instead.
+    def descriptor_blocking?(io)
+      @fcntl_for_nonblock = RUBY_VERSION < "3.4" && Ractor.current != Ractor.main if @fcntl_for_nonblock.nil?
+      if @fcntl_for_nonblock && defined?(Fcntl::O_NONBLOCK)
+        return (Fiber.blocking { io.fcntl(Fcntl::F_GETFL) } & Fcntl::O_NONBLOCK).zero?
+      end
+
+      io.respond_to?(:nonblock?) && !io.nonblock?
     end
 
     # ---- waiting ----------------------------------------------------------------------------------

@@ -1,0 +1,246 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+
+# evt's loop inside a Ractor other than the main one: every behaviour the main Ractor has, on the
+# backend under test, and several Ractors each running its own loop at once. The work is in
+# RactorWork's methods (a Ractor's block may not see the test's variables); each returns what the
+# test asserts on, back in the main Ractor.
+module RactorWork
+  module_function
+
+  # The work of +name+ in a new Ractor with its own loop; its answer, or its exception raised here.
+  def in_ractor(name, *args)
+    ractor = Ractor.new(name, args) { |work, arguments| RactorWork.public_send(work, *arguments) }
+    ractor.respond_to?(:value) ? ractor.value : ractor.take
+  rescue Ractor::RemoteError => e
+    raise e.cause, cause: nil
+  end
+
+  def run(&block)
+    Evt.run(&block)
+  end
+
+  def sleeps
+    woke = []
+    run do
+      [0.03, 0.01, 0.02].each { |delay| Fiber.schedule { sleep delay; woke << delay } }
+    end
+    [Fiber.scheduler, woke]
+  end
+
+  def tcp_echo(messages = 20)
+    answers = []
+    run do
+      server = TCPServer.new("127.0.0.1", 0)
+      Fiber.schedule do
+        client = server.accept
+        while (line = client.gets)
+          client.write(line.upcase)
+        end
+        client.close
+      end
+      Fiber.schedule do
+        socket = TCPSocket.new("127.0.0.1", server.local_address.ip_port)
+        messages.times { |i| socket.write("hello #{i}\n"); answers << socket.gets }
+        socket.close
+        server.close
+      end
+    end
+    answers
+  end
+
+  def pipe
+    read = nil
+    run do
+      reader, writer = IO.pipe
+      Fiber.schedule { read = reader.read }
+      Fiber.schedule do
+        3.times { |i| writer.write("part #{i};"); sleep 0.001 }
+        writer.close
+      end
+    end
+    read
+  end
+
+  def timeout
+    outcome = nil
+    run do
+      Fiber.schedule do
+        Timeout.timeout(0.02) { sleep 5 }
+        outcome = :not_raised
+      rescue Timeout::Error => e
+        outcome = e.class.name
+      end
+    end
+    outcome
+  end
+
+  def queue
+    taken = []
+    run do
+      queue = Thread::Queue.new
+      Fiber.schedule { 3.times { taken << queue.pop } }
+      Fiber.schedule { 3.times { |i| queue << i; sleep 0.001 } }
+    end
+    taken
+  end
+
+  def close_wakes_waiters
+    errors = []
+    run do
+      reader, writer = IO.pipe
+      2.times { Fiber.schedule { reader.read(1) rescue errors << [$!.class.name, $!.message] } }
+      Fiber.schedule do
+        reader.close
+        writer.close
+      end
+    end
+    errors
+  end
+
+  def process_wait
+    status = nil
+    ticks = 0
+    run do
+      Fiber.schedule do
+        pid = Process.spawn("sh", "-c", "sleep 0.05; exit 3")
+        _, status = Process.wait2(pid)
+      end
+      Fiber.schedule { while status.nil? && ticks < 10_000; ticks += 1; sleep 0.001; end }
+    end
+    [status.exitstatus, ticks.positive?]
+  end
+
+  def resolve
+    addresses = nil
+    run do
+      Fiber.schedule { addresses = Addrinfo.getaddrinfo("localhost", 80, nil, :STREAM).map(&:ip_address).uniq }
+    end
+    addresses
+  end
+
+  def mutex_and_condition
+    order = []
+    run do
+      mutex = Thread::Mutex.new
+      condition = Thread::ConditionVariable.new
+      Fiber.schedule { mutex.synchronize { condition.wait(mutex, 5); order << :woken } }
+      Fiber.schedule { mutex.synchronize { order << :signal; condition.signal } }
+    end
+    order
+  end
+
+  def file(path)
+    read = nil
+    run do
+      Fiber.schedule do
+        File.write(path, "written in a Ractor")
+        read = File.read(path)
+      end
+    end
+    read
+  end
+
+  # Loops made, used without fibers and dropped, while IOs close: what every Ractor does to the
+  # process's list of loops (safe on Ruby 3.3 and 3.4 in several Ractors at once: no fiber).
+  def loops_and_closes(rounds)
+    rounds.times do |i|
+      scheduler = Evt::Scheduler.new
+      reader, writer = IO.pipe
+      writer.close
+      reader.close
+      scheduler.close if i.even? # the odd ones are left to the GC
+    end
+    GC.start
+    rounds
+  end
+
+  # A thread of this Ractor closes an IO a fiber of this Ractor waits on.
+  def close_from_thread
+    error = nil
+    run do
+      reader, writer = IO.pipe
+      Fiber.schedule { reader.read(1) rescue error = [$!.class.name, $!.message] }
+      Fiber.schedule { Thread.new { reader.close }.join; writer.close }
+    end
+    error
+  end
+end
+
+class RactorTest < Minitest::Test
+  include EvtTest
+
+  # Ruby 3.3 and 3.4 corrupt their fiber-stack pool when fibers start or end in two Ractors at
+  # once, with or without a scheduler (test/support/ractor_fibers_crash.rb shows it; fixed in Ruby
+  # 3.5 by ruby/ruby#13466). Tests with loops in several Ractors at once run where that is fixed.
+  RUBY_FIBERS_IN_PARALLEL_RACTORS = RUBY_VERSION >= "3.5"
+
+  def setup
+    Warning[:experimental] = false # Ractor's warning, once per process
+  end
+
+  def skip_unless_parallel_fibers
+    return if RUBY_FIBERS_IN_PARALLEL_RACTORS
+
+    skip "Ruby #{RUBY_VERSION} crashes with fibers in several Ractors at once (ruby/ruby#13466; " \
+         "test/support/ractor_fibers_crash.rb)"
+  end
+
+  def test_a_loop_in_a_ractor_runs_sleeping_fibers_in_deadline_order
+    scheduler, woke = RactorWork.in_ractor(:sleeps)
+    assert_nil scheduler, "the scheduler is the Ractor's thread's, and Evt.run takes it away again"
+    assert_equal [0.01, 0.02, 0.03], woke
+  end
+
+  def test_sockets_pipes_and_files_in_a_ractor
+    assert_equal Array.new(20) { |i| "HELLO #{i}\n" }, RactorWork.in_ractor(:tcp_echo)
+    assert_equal "part 0;part 1;part 2;", RactorWork.in_ractor(:pipe)
+    Dir.mktmpdir do |dir|
+      assert_equal "written in a Ractor", RactorWork.in_ractor(:file, File.join(dir, "file"))
+    end
+  end
+
+  def test_timeout_queue_mutex_and_condition_in_a_ractor
+    assert_equal "Timeout::Error", RactorWork.in_ractor(:timeout)
+    assert_equal [0, 1, 2], RactorWork.in_ractor(:queue)
+    assert_equal %i[signal woken], RactorWork.in_ractor(:mutex_and_condition)
+  end
+
+  def test_close_in_a_ractor_wakes_the_fibers_waiting_on_the_io
+    closed = ["IOError", "stream closed in another thread"]
+    assert_equal [closed, closed], RactorWork.in_ractor(:close_wakes_waiters)
+    assert_equal closed, RactorWork.in_ractor(:close_from_thread)
+  end
+
+  def test_process_waits_and_name_resolution_in_a_ractor
+    assert_equal [3, true], RactorWork.in_ractor(:process_wait)
+    assert_includes RactorWork.in_ractor(:resolve), "127.0.0.1"
+  end
+
+  def test_ractors_make_and_drop_loops_and_close_ios_at_once
+    ractors = Array.new(4) { Ractor.new { RactorWork.loops_and_closes(500) } }
+    closed = RactorWork.loops_and_closes(500)
+    assert_equal [500] * 5, [closed, *ractors.map { |ractor| ractor.respond_to?(:value) ? ractor.value : ractor.take }]
+  end
+
+  def test_loops_in_several_ractors_at_once
+    skip_unless_parallel_fibers
+    ractors = Array.new(4) { Ractor.new { [RactorWork.tcp_echo(200), RactorWork.close_wakes_waiters] } }
+    ractors.each do |ractor|
+      answers, errors = ractor.respond_to?(:value) ? ractor.value : ractor.take
+      assert_equal Array.new(200) { |i| "HELLO #{i}\n" }, answers
+      assert_equal 2, errors.size
+    end
+  end
+
+  # The main Ractor's loops go on while other Ractors run theirs, and an IO#close here looks only
+  # at this Ractor's loops.
+  def test_the_main_ractors_loop_runs_beside_ractors
+    skip_unless_parallel_fibers
+    ractor = Ractor.new { RactorWork.tcp_echo(300) }
+    assert_equal Array.new(300) { |i| "HELLO #{i}\n" }, RactorWork.tcp_echo(300)
+    assert_equal [["IOError", "stream closed in another thread"]] * 2, RactorWork.close_wakes_waiters
+    assert_equal 300, (ractor.respond_to?(:value) ? ractor.value : ractor.take).size
+  end
+end
