@@ -89,6 +89,44 @@ class WorkersTest < Minitest::Test
     assert stop(supervisor).success? if supervisor
   end
 
+  # The block's exception ends the worker (its watchers included), and the supervisor starts
+  # another: here the first worker fails before it accepts anything.
+  def test_a_worker_whose_block_raises_is_started_again
+    Dir.mktmpdir do |dir|
+      marker = File.join(dir, "failed once")
+      server = TCPServer.new("127.0.0.1", 0)
+      port = server.local_address.ip_port
+      supervisor = fork do
+        $stderr.reopen(File::NULL) # the failed worker's report
+        Evt::Workers.new(count: 1, listeners: [server], stop_timeout: 5).run do |worker|
+          unless File.exist?(marker)
+            File.write(marker, "")
+            raise "the first worker fails"
+          end
+          until worker.stopping?
+            client = server.accept
+            Fiber.schedule { answer(client) }
+          end
+        rescue IOError
+          nil
+        end
+        exit!(0)
+      end
+      server.close
+      pid = nil
+      Timeout.timeout(15) do
+        pid = begin
+          ask(port, "pid").to_i
+        rescue Errno::ECONNRESET, Errno::EPIPE
+          nil
+        end until pid&.positive?
+      end
+      refute_equal supervisor, pid
+    ensure
+      assert stop(supervisor).success? if supervisor
+    end
+  end
+
   def test_sigterm_lets_the_requests_in_flight_finish
     supervisor, port = start_supervisor(count: 1)
     worker = ask(port, "pid").to_i

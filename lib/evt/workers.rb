@@ -28,11 +28,20 @@ module Evt
   # A worker stops gracefully on SIGTERM (or SIGINT): it closes the listeners it was given (the
   # fiber blocked in accept raises IOError) and runs #on_stop's blocks, then the requests in flight
   # finish and Evt.run returns. A worker still busy after `stop_timeout` seconds is killed.
+  #
+  # With `ractors: N` the workers are Ractors of this process instead (one copy of the code and of
+  # what the block shares), each with its own loop and its own descriptor of every listener
+  # (Worker#listeners; the block may not use the caller's variables: see #run). Supervision is the
+  # same, the signals being the supervisor's; a Ractor cannot be killed, so one still busy after
+  # stop_timeout is left to end with the process. Ruby 3.3 and 3.4 crash with fibers in two Ractors
+  # at once (ruby/ruby#13466), so there `ractors:` may be 1 only.
   class Workers
     # What a worker's block gets: its number, whether it is stopping, and a place for stop hooks.
     class Worker
       # @return [Integer] 0 ... count, kept across restarts
       attr_reader :index
+      # @return [Array<IO>] the listeners, as this worker's own IOs (its Ractor's, with `ractors:`)
+      attr_reader :listeners
 
       def initialize(index, listeners)
         @index = index
@@ -64,28 +73,41 @@ module Evt
 
     SIGNALS = %w[TERM INT HUP CHLD].freeze
 
-    # @return [Integer] how many worker processes run at once
+    # Whether this Ruby runs fibers in several Ractors at once (see the class's notes).
+    PARALLEL_RACTOR_FIBERS = RUBY_VERSION >= "3.5"
+
+    # @return [Integer] how many workers run at once
     attr_reader :count
 
     # @param count [Integer] worker processes (one per core by default)
+    # @param ractors [Integer, nil] Ractors instead of processes: how many
     # @param listeners [Array<IO>] sockets every worker serves; each worker closes its copies when
     #   told to stop (a listener made inside the block is the block's to close, on #on_stop)
     # @param stop_timeout [Numeric] seconds a stopping worker may take before it is killed
     # @param backend [Symbol, String, nil] the workers' scheduler backend (see {Scheduler#initialize})
-    def initialize(count: Etc.nprocessors, listeners: [], stop_timeout: 30, backend: nil)
-      raise ArgumentError, "evt: count must be a positive Integer, not #{count.inspect}" unless count.is_a?(Integer) && count.positive?
+    def initialize(count: nil, ractors: nil, listeners: [], stop_timeout: 30, backend: nil)
+      raise ArgumentError, "evt: count (processes) or ractors, not both" if count && ractors
 
+      count = ractors || count || Etc.nprocessors
+      raise ArgumentError, "evt: #{ractors ? "ractors" : "count"} must be a positive Integer, not #{count.inspect}" unless count.is_a?(Integer) && count.positive?
+      if ractors && ractors > 1 && !PARALLEL_RACTOR_FIBERS
+        raise ArgumentError, "evt: ractors: #{ractors} needs Ruby 3.5 or later: Ruby #{RUBY_VERSION} crashes with fibers " \
+                             "in two Ractors at once (ruby/ruby#13466); use count: #{ractors} for worker processes"
+      end
+
+      @ractors = !ractors.nil?
       @count = count
       @listeners = Array(listeners)
       @stop_timeout = stop_timeout
       @backend = backend
-      @workers = {} # pid => index
+      @workers = {} # pid (or Ractor) => index
+      @ends = {} # a worker Ractor's object_id => [it, the thread that waits for its end]
       @restarts = 0
     end
 
-    # @return [Array<Integer>] the pids of the workers running now
+    # @return [Array<Integer>] the pids of the worker processes running now (none with `ractors:`)
     def pids
-      @workers.keys
+      @ractors ? [] : @workers.keys
     end
 
     # @return [Integer] how many workers were started again after they died
@@ -93,13 +115,19 @@ module Evt
 
     # Starts the workers and supervises them until SIGTERM or SIGINT (or #stop from another thread)
     # has stopped them all. Call it from a process with no scheduler set.
+    #
+    # With `ractors:`, every worker Ractor calls the same block, which must be shareable: it may not
+    # use the caller's local variables (the listeners are Worker#listeners), nor its self (make it
+    # where self is shareable: `nil.instance_exec { proc { |worker| ... } }`, or in a module); a
+    # shareable object that responds to #call(worker) does as well, given as the argument.
     # @yieldparam worker [Worker]
     # @return [self]
-    def run(&block)
+    def run(body = nil, &block)
+      block ||= body
       raise ArgumentError, "evt: Workers#run needs a block" unless block
       raise "evt: Workers#run runs the supervisor: call it outside a scheduler" if Fiber.scheduler
 
-      @block = block
+      @block = @ractors ? shareable(block) : block
       # Signals reach the supervisor through a pipe (a queue would look like a deadlock to Ruby);
       # the workers hold the read end of another, whose end of file tells them the supervisor died.
       @events, @notify = IO.pipe
@@ -135,12 +163,15 @@ module Evt
 
     def supervise
       loop do
-        case @events.gets&.chomp
-        when "CHLD" then reap { |index| spawn(index) }
+        case (event = @events.gets&.chomp)
+        when "CHLD" then @ractors || reap { |index| spawn(index) }
+        when /\AENDED (\d+)\z/ then ractor_ended(Integer(::Regexp.last_match(1)))
         when "HUP" then roll
         when "TERM", "INT"
-          stop_workers(pids)
+          stop_workers(@workers.keys)
           return
+        else
+          raise "evt: the supervisor's pipe closed (#{event.inspect})" if event.nil?
         end
       end
     end
@@ -159,6 +190,8 @@ module Evt
     end
 
     def spawn(index)
+      return start_ractor(index) if @ractors
+
       pid = fork do
         SIGNALS.each { |signal| trap(signal, "DEFAULT") }
         work(index)
@@ -184,10 +217,72 @@ module Evt
           Fiber.schedule { stops.pop && worker.stop },
           Fiber.schedule { @alive_r.read && worker.stop }, # end of file: the supervisor is gone
         ]
-        @block.call(worker)
-        # The block is over: the watchers have nothing left to stop.
-        watchers.each { |fiber| fiber.kill if fiber.alive? }
+        begin
+          @block.call(worker)
+        ensure
+          # The block is over (or failed): the watchers have nothing left to stop.
+          watchers.each { |fiber| fiber.kill if fiber.alive? }
+        end
       end
+    end
+
+    # ---- workers as Ractors ----------------------------------------------------------------------
+
+    def shareable(block)
+      return block if Ractor.shareable?(block)
+
+      Ractor.make_shareable(block)
+    rescue Ractor::Error, ArgumentError => e
+      raise ArgumentError, "evt: a Ractor worker's block must be shareable (#{e.message}): reach the listeners " \
+                           "through worker.listeners, and make the block where self is shareable " \
+                           "(nil.instance_exec { proc { |worker| ... } }) or pass an object with #call(worker)"
+    end
+
+    # A Ractor running the block in its own loop on descriptors of its own (a copy of each listener's),
+    # and a thread here that tells the supervisor when it ends.
+    def start_ractor(index)
+      listeners = @listeners.map { |io| [io.class, io.to_io.dup.tap { |copy| copy.autoclose = false }.fileno] }
+      ractor = Ractor.new(index, listeners, @backend, @block, name: "evt worker #{index}") do |number, ios, backend, body|
+        Workers.work_in_ractor(number, ios, backend, body)
+      end
+      @workers[ractor] = index
+      @ends[ractor.object_id] = [ractor, Thread.new do
+        Thread.current.report_on_exception = false
+        begin
+          ractor.take
+        rescue Ractor::RemoteError => e
+          warn "evt: worker #{index} (#{ractor.name}) ended with #{e.cause.class}: #{e.cause.message}"
+        end
+        tell("ENDED #{ractor.object_id}")
+      end]
+      ractor
+    end
+
+    # In the worker Ractor: as #work in a worker process, the supervisor's word coming as a message.
+    def self.work_in_ractor(index, listeners, backend, body)
+      worker = Worker.new(index, listeners.map { |klass, fd| klass.for_fd(fd) })
+      stops = Thread::Queue.new
+      Thread.new { stops << Ractor.receive }
+      Evt.run(backend: backend) do
+        watcher = Fiber.schedule { stops.pop && worker.stop }
+        begin
+          body.call(worker)
+        ensure
+          watcher.kill if watcher.alive?
+        end
+      end
+      worker.listeners.each { |io| io.close unless io.closed? }
+      nil
+    end
+
+    # A worker Ractor ended: started again unless it was told to stop (#stop_workers forgot it then).
+    def ractor_ended(id)
+      ractor, = @ends.delete(id)
+      index = @workers.delete(ractor)
+      return unless index
+
+      @restarts += 1
+      spawn(index)
     end
 
     # SIGHUP: a new worker first, then the old one stops; one index at a time.
@@ -198,8 +293,11 @@ module Evt
       end
     end
 
-    # Stops the given workers gracefully, killing those still busy after stop_timeout.
+    # Stops the given workers gracefully, killing those still busy after stop_timeout (a Ractor
+    # cannot be killed: one still busy is left to end with the process).
     def stop_workers(targets)
+      return stop_ractors(targets) if @ractors
+
       targets.each { |pid| signal(pid, "TERM") }
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @stop_timeout
       remaining = targets.dup
@@ -215,6 +313,22 @@ module Evt
         sleep 0.01
       end
       targets.each { |pid| @workers.delete(pid) }
+    end
+
+    def stop_ractors(targets)
+      targets.each do |ractor|
+        ractor.send(:stop)
+      rescue Ractor::ClosedError
+        nil # it ended already
+      end
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @stop_timeout
+      targets.each do |ractor|
+        _, ender = @ends[ractor.object_id]
+        next if ender.nil? || ender.join([deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC), 0].max)
+
+        warn "evt: worker #{@workers[ractor]} (#{ractor.name}) still busy after #{@stop_timeout} s; it ends with the process"
+      end
+      targets.each { |ractor| @workers.delete(ractor) }
     end
 
     def ended?(pid)

@@ -1,0 +1,135 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# Evt::Workers with `ractors:`: the workers are Ractors of the supervisor's process, each with its
+# own loop and its own descriptor of the listener. Ruby 3.3 and 3.4 allow one such worker (see
+# RactorTest), so these tests run one; the supervision is the same for any number.
+class WorkersRactorsTest < Minitest::Test
+  # The workers' block: made where self is nil, so it can be shared with the Ractors. A line
+  # protocol: "who" answers the Ractor and the process; "slow" answers after 0.3 s; "crash" makes
+  # the worker end with an exception once the answer is out.
+  APP = nil.instance_exec do
+    proc do |worker|
+      crashed = false
+      listener = worker.listeners.first
+      until worker.stopping?
+        client = listener.accept
+        Fiber.schedule do
+          while (line = client.gets)
+            case line.chomp
+            when "who" then client.puts("#{Ractor.current.object_id} #{Ractor.current == Ractor.main} #{Process.pid}")
+            when "slow"
+              sleep 0.3
+              client.puts("done")
+            when "crash"
+              crashed = true
+              client.puts("crashing")
+              listener.close
+            end
+          end
+        ensure
+          client.close
+        end
+      end
+    rescue IOError
+      raise "the worker was asked to crash" if crashed
+    end
+  end
+
+  def setup
+    Warning[:experimental] = false
+  end
+
+  def start_supervisor
+    server = TCPServer.new("127.0.0.1", 0)
+    port = server.local_address.ip_port
+    supervisor = fork do
+      $stderr.reopen(File::NULL) # the crash test's report
+      Evt::Workers.new(ractors: 1, listeners: [server], stop_timeout: 5, backend: EvtTest::BACKEND).run(APP)
+      exit!(0)
+    rescue Exception # rubocop:disable Lint/RescueException
+      exit!(1)
+    end
+    server.close
+    [supervisor, port]
+  end
+
+  def ask(port, line)
+    Timeout.timeout(10) do
+      TCPSocket.open("127.0.0.1", port) do |socket|
+        socket.puts(line)
+        socket.gets&.chomp
+      end
+    end
+  end
+
+  def stop(supervisor)
+    Process.kill("TERM", supervisor)
+    _, status = Timeout.timeout(20) { Process.wait2(supervisor) }
+    status
+  end
+
+  def test_the_worker_is_a_ractor_of_the_supervisors_process
+    supervisor, port = start_supervisor
+    ractor, main, pid = ask(port, "who").split
+    assert_equal supervisor, Integer(pid)
+    assert_equal "false", main
+    assert_equal [ractor], Array.new(5) { ask(port, "who").split.first }.uniq
+  ensure
+    assert stop(supervisor).success? if supervisor
+  end
+
+  def test_a_ractor_worker_that_ends_with_an_exception_is_started_again
+    supervisor, port = start_supervisor
+    first = ask(port, "who").split.first
+    assert_equal "crashing", ask(port, "crash")
+    second = nil
+    Timeout.timeout(10) { second = ask(port, "who")&.split&.first until second && second != first }
+    refute_equal first, second
+  ensure
+    assert stop(supervisor).success? if supervisor
+  end
+
+  def test_sigterm_lets_a_ractor_workers_requests_in_flight_finish
+    supervisor, port = start_supervisor
+    ask(port, "who")
+    socket = TCPSocket.new("127.0.0.1", port)
+    socket.puts("slow")
+    sleep 0.05 # not a synchronisation: the request is in flight on either side of it
+    Process.kill("TERM", supervisor)
+    assert_equal "done", Timeout.timeout(10) { socket.gets&.chomp }
+    socket.close
+    _, status = Timeout.timeout(20) { Process.wait2(supervisor) }
+    assert status.success?
+    supervisor = nil
+  ensure
+    stop(supervisor) if supervisor
+  end
+
+  def test_sighup_replaces_the_ractor_worker_losing_no_connection
+    supervisor, port = start_supervisor
+    before = ask(port, "who").split.first
+    Process.kill("HUP", supervisor)
+    answers = []
+    Timeout.timeout(15) { answers << ask(port, "who")&.split&.first until answers.compact.last(5).size == 5 && !answers.last(5).include?(before) }
+    refute_includes answers, nil, "a connection was lost during the restart"
+  ensure
+    assert stop(supervisor).success? if supervisor
+  end
+
+  def test_what_ractors_refuses
+    error = assert_raises(ArgumentError) { Evt::Workers.new(count: 2, ractors: 1) }
+    assert_match(/not both/, error.message)
+    assert_raises(ArgumentError) { Evt::Workers.new(ractors: 0) }
+    if Evt::Workers::PARALLEL_RACTOR_FIBERS
+      assert_equal 2, Evt::Workers.new(ractors: 2).count
+    else
+      error = assert_raises(ArgumentError) { Evt::Workers.new(ractors: 2) }
+      assert_match(/ruby\/ruby#13466.*count: 2/, error.message)
+    end
+    outer = 1
+    error = assert_raises(ArgumentError) { Evt::Workers.new(ractors: 1).run { |worker| worker && outer } }
+    assert_match(/must be shareable/, error.message)
+  end
+end
