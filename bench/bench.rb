@@ -23,7 +23,7 @@ module Bench
   ON_REQUEST = %w[soak].freeze
   # Scenarios about evt's use of every core, with subjects of their own (evt configured two ways).
   CORE_SUBJECTS = {"blocking-ops" => ->(_cores) { %w[evt-pool-off evt-pool-on threads] },
-                   "http-cpu" => ->(cores) { ["evt-workers-1", "evt-workers-#{cores}"] }}.freeze
+                   "http-cpu" => ->(cores) { ["evt-workers-1", "evt-workers-#{cores}", "evt-ractors-1", "evt-ractors-#{cores}"] }}.freeze
   PEERS = %w[blocking threads async-epoll async-uring carbon].freeze
   # http-redis: the connections in the redis-client pool every server's requests share (unless
   # --redis-pool says otherwise), and the value they read (seeded before each run; every check GET
@@ -106,8 +106,9 @@ module Bench
     "blocking-ops" => "(Ruby 3.4 hands each deflate to blocking_operation_wait: pool-on runs them on a thread per core; " \
                       "threads: one Ruby thread per deflate, no scheduler, for reference; a full run runs each " \
                       "subject 3 times, in fresh processes, and shows the median run)",
-    "http-cpu" => "(Evt::Workers processes, not pinned: they may use every core; wrk pinned to CPU 1; " \
-                  "CPU us/req counts every worker)",
+    "http-cpu" => "(Evt::Workers: evt-workers-N processes, evt-ractors-N Ractors of one process; not pinned: " \
+                  "they may use every core; wrk pinned to CPU 1; CPU us/req counts every worker; RSS MB: the resident memory of the " \
+                  "server's processes (supervisor and workers) summed, at the run's end)",
     "falcon" => "(one server process, one Ruby thread, pinned to CPU 0; CPU us/req counts the server's process " \
                 "group; falcon-*: Falcon::Server as a `falcon serve` worker runs it, without the supervisor, on " \
                 "io-event's EPoll or URing selector or on evt's (IO_EVENT_SELECTOR=Evt with RUBYOPT=-revt/async; " \
@@ -346,6 +347,9 @@ module Bench
         return "the C server has no Redis client" if subject == "c-epoll"
         return "one connection at a time: threads is the scheduler-less row" if subject == "blocking"
       end
+      if scenario == "http-cpu" && subject.start_with?("evt-ractors-") && Integer(subject[/\d+\z/]) > 1 && !parallel_ractors?
+        return "Ruby #{RUBY_VERSION} crashes with fibers in two Ractors at once (ruby/ruby#13466)"
+      end
       return nil if scenario.start_with?("http-") || CORE_SUBJECTS.key?(scenario) || scenario == "falcon"
       return "an HTTP server only" if subject == "c-epoll"
       return "one thread cannot block on several readers" if scenario == "close-waiters" && subject == "blocking"
@@ -378,10 +382,12 @@ module Bench
       end
     end
 
-    # http-cpu: evt-workers-N, under the same load; the CPU time of every worker counts.
+    # http-cpu: evt-workers-N (processes) and evt-ractors-N (Ractors of one process), under the same
+    # load; the CPU time of every worker counts.
     def http_cpu(subject)
       workers = Integer(subject[/\d+\z/])
-      server = start_server([*ruby, "bench/http_cpu_server.rb", workers.to_s], pinned: false)
+      kind = subject.start_with?("evt-ractors-") ? "ractors" : "processes"
+      server = start_server([*ruby, "bench/http_cpu_server.rb", workers.to_s, kind], pinned: false)
       begin
         url = "http://127.0.0.1:#{server[:port]}/"
         wrk(url, @connections, @size[:warmup], [])
@@ -389,7 +395,7 @@ module Bench
         report = wrk(url, @connections, @size[:duration], [])
         used = group_cpu_seconds(server[:pid]) - before
         {rps: report[:rps].round(0), cpu_us_per_req: (used * 1e6 / report[:requests]).round(2), p99_ms: report[:p99_ms],
-         errors: report[:errors], workers: workers, connections: @connections}
+         errors: report[:errors], rss_mb: group_rss_mb(server[:pid]).round(1), workers: workers, connections: @connections}
       ensure
         stop(server)
       end
@@ -1010,7 +1016,7 @@ module Bench
       rows = @results.select { |r| r[:scenario] == scenario }
       columns = if scenario == "http-cpu"
                   [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
-                   [:errors, "errors", "%d"], [:rps_vs_first, "req/s x 1st", "%.2f"]]
+                   [:errors, "errors", "%d"], [:rss_mb, "RSS MB", "%.1f"], [:rps_vs_first, "req/s x 1st", "%.2f"]]
                 elsif scenario == "blocking-ops"
                   [[:seconds, "seconds", "%.3f"], [:cpu_seconds, "CPU s", "%.3f"], [:vs_first, "x 1st", "%.2f"],
                    [:runs, "runs (s)", "%s"]]
@@ -1190,6 +1196,12 @@ module Bench
              "#{" (too few: the hard limit is #{hard}, and only root may raise it)" if after < needed}"}
     end
 
+    # Whether the Ruby under test runs fibers in several Ractors at once (Evt::Workers says).
+    def parallel_ractors?
+      @parallel_ractors = Open3.capture2(*ruby, "-revt", "-e", "print Evt::Workers::PARALLEL_RACTOR_FIBERS").first == "true" if @parallel_ractors.nil?
+      @parallel_ractors
+    end
+
     # async's gems come from the Gemfile's optional :bench group; everything else needs only lib/.
     def ruby_for(subject)
       subject.start_with?("async-") || subject == "carbon" ? [*ruby, "-rbundler/setup"] : ruby
@@ -1214,6 +1226,16 @@ module Bench
       Dir.glob("/proc/[0-9]*/stat").sum do |path|
         fields = File.read(path).split(") ").last.split
         Integer(fields[2]) == pgid ? (Integer(fields[11]) + Integer(fields[12])).fdiv(HZ) : 0
+      rescue SystemCallError
+        0 # ended meanwhile
+      end
+    end
+
+    # The resident memory of every process of the group, summed (pages forked processes share count
+    # once per process, as the processes' own figures do).
+    def group_rss_mb(pgid)
+      Dir.glob("/proc/[0-9]*/stat").sum do |path|
+        Integer(File.read(path).split(") ").last.split[2]) == pgid ? proc_rss_mb(path[%r{/proc/(\d+)/}, 1]) : 0
       rescue SystemCallError
         0 # ended meanwhile
       end

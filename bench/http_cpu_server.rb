@@ -1,9 +1,10 @@
 # frozen_string_literal: true
 
-# http-cpu's server: WORKERS evt worker processes (Evt::Workers) on one listening socket, each
-# request costing about 0.5 ms of Ruby work before the fixed response.
+# http-cpu's server: WORKERS evt workers (Evt::Workers) on one listening socket, each request
+# costing about 0.5 ms of Ruby work before the fixed response; worker processes, or with `ractors`
+# Ractors of one process.
 #
-#   ruby bench/http_cpu_server.rb WORKERS
+#   ruby bench/http_cpu_server.rb WORKERS [processes|ractors]
 #
 # Prints "listening on PORT" once it accepts connections on 127.0.0.1.
 require "socket"
@@ -17,13 +18,22 @@ def work
   total
 end
 
-workers = Integer(ARGV.fetch(0) { abort "usage: http_cpu_server.rb WORKERS" })
-server = Bench::HTTPHandler.listen
-Evt::Workers.new(count: workers, listeners: [server]).run do |worker|
-  until worker.stopping?
-    client = server.accept
-    Fiber.schedule { Bench::HTTPHandler.serve(client) { work } }
+# Each worker's block: shareable (made where self is nil), for Ractors as for processes.
+SERVE = nil.instance_exec do
+  proc do |worker|
+    listener = worker.listeners.first
+    until worker.stopping?
+      client = listener.accept
+      Fiber.schedule { Bench::HTTPHandler.serve(client) { work } }
+    end
+  rescue IOError
+    nil
   end
-rescue IOError
-  nil
 end
+
+workers = Integer(ARGV.fetch(0) { abort "usage: http_cpu_server.rb WORKERS [processes|ractors]" })
+kind = ARGV.fetch(1, "processes")
+abort "http_cpu_server.rb: processes or ractors, not #{kind}" unless %w[processes ractors].include?(kind)
+server = Bench::HTTPHandler.listen
+sizes = kind == "ractors" ? {ractors: workers} : {count: workers}
+Evt::Workers.new(**sizes, listeners: [server]).run(SERVE)

@@ -41,12 +41,12 @@ class WorkersRactorsTest < Minitest::Test
     Warning[:experimental] = false
   end
 
-  def start_supervisor
+  def start_supervisor(ractors: 1)
     server = TCPServer.new("127.0.0.1", 0)
     port = server.local_address.ip_port
     supervisor = fork do
       $stderr.reopen(File::NULL) # the crash test's report
-      Evt::Workers.new(ractors: 1, listeners: [server], stop_timeout: 5, backend: EvtTest::BACKEND).run(APP)
+      Evt::Workers.new(ractors: ractors, listeners: [server], stop_timeout: 5, backend: EvtTest::BACKEND).run(APP)
       exit!(0)
     rescue Exception # rubocop:disable Lint/RescueException
       exit!(1)
@@ -76,6 +76,18 @@ class WorkersRactorsTest < Minitest::Test
     assert_equal supervisor, Integer(pid)
     assert_equal "false", main
     assert_equal [ractor], Array.new(5) { ask(port, "who").split.first }.uniq
+  ensure
+    assert stop(supervisor).success? if supervisor
+  end
+
+  # Where the Ruby runs fibers in several Ractors at once (see RactorTest).
+  def test_two_ractor_workers_share_the_listener
+    skip "Ruby #{RUBY_VERSION} allows one Ractor worker (ruby/ruby#13466)" unless Evt::Workers::PARALLEL_RACTOR_FIBERS
+
+    supervisor, port = start_supervisor(ractors: 2)
+    seen = []
+    Timeout.timeout(15) { seen |= [ask(port, "who").split.first] until seen.size == 2 }
+    assert_equal 2, seen.size
   ensure
     assert stop(supervisor).success? if supervisor
   end

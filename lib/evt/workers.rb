@@ -73,8 +73,9 @@ module Evt
 
     SIGNALS = %w[TERM INT HUP CHLD].freeze
 
-    # Whether this Ruby runs fibers in several Ractors at once (see the class's notes).
-    PARALLEL_RACTOR_FIBERS = RUBY_VERSION >= "3.5"
+    # Whether this Ruby runs fibers in several Ractors at once (see the class's notes): 3.5 and
+    # later, or a build that has ruby/ruby#13466's fix, as EVT_PARALLEL_RACTORS=1 says.
+    PARALLEL_RACTOR_FIBERS = RUBY_VERSION >= "3.5" || ENV["EVT_PARALLEL_RACTORS"] == "1"
 
     # @return [Integer] how many workers run at once
     attr_reader :count
