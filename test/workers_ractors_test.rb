@@ -7,8 +7,8 @@ require "test_helper"
 # RactorTest), so these tests run one; the supervision is the same for any number.
 class WorkersRactorsTest < Minitest::Test
   # The workers' block: made where self is nil, so it can be shared with the Ractors. A line
-  # protocol: "who" answers the Ractor and the process; "slow" answers after 0.3 s; "crash" makes
-  # the worker end with an exception once the answer is out.
+  # protocol: "who" answers the Ractor and the process; "slow" answers "started", then "done" 0.3 s
+  # later; "crash" makes the worker end with an exception once the answer is out.
   APP = nil.instance_exec do
     proc do |worker|
       crashed = false
@@ -20,6 +20,7 @@ class WorkersRactorsTest < Minitest::Test
             case line.chomp
             when "who" then client.puts("#{Ractor.current.object_id} #{Ractor.current == Ractor.main} #{Process.pid}")
             when "slow"
+              client.puts("started")
               sleep 0.3
               client.puts("done")
             when "crash"
@@ -38,7 +39,12 @@ class WorkersRactorsTest < Minitest::Test
   end
 
   def setup
-    Warning[:experimental] = false
+    @experimental = Warning[:experimental]
+    Warning[:experimental] = false # Ractor's warning
+  end
+
+  def teardown
+    Warning[:experimental] = @experimental
   end
 
   def start_supervisor(ractors: 1)
@@ -108,7 +114,7 @@ class WorkersRactorsTest < Minitest::Test
     ask(port, "who")
     socket = TCPSocket.new("127.0.0.1", port)
     socket.puts("slow")
-    sleep 0.05 # not a synchronisation: the request is in flight on either side of it
+    assert_equal "started", Timeout.timeout(10) { socket.gets&.chomp } # in flight now
     Process.kill("TERM", supervisor)
     assert_equal "done", Timeout.timeout(10) { socket.gets&.chomp }
     socket.close
@@ -141,7 +147,9 @@ class WorkersRactorsTest < Minitest::Test
       assert_match(/ruby\/ruby#13466.*count: 2/, error.message)
     end
     outer = 1
-    error = assert_raises(ArgumentError) { Evt::Workers.new(ractors: 1).run { |worker| worker && outer } }
+    error = assert_raises(ArgumentError) do
+      Timeout.timeout(10) { Evt::Workers.new(ractors: 1).run { |worker| worker && outer } }
+    end
     assert_match(/must be shareable/, error.message)
   end
 end

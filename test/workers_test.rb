@@ -121,7 +121,8 @@ class WorkersTest < Minitest::Test
           nil
         end until pid&.positive?
       end
-      refute_equal supervisor, pid
+      assert File.exist?(marker), "the first worker never ran"
+      assert_operator pid, :positive?
     ensure
       assert stop(supervisor).success? if supervisor
     end

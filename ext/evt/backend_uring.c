@@ -56,6 +56,7 @@ static const char *probe_reason;
 static int probed;
 static int has_waitid;
 static int has_close;
+static int mn_threads_everywhere; /* RUBY_MN_THREADS, read once (ENV may change under another Ractor) */
 
 static const unsigned setup_choices[] = {
     /* TASKRUN_FLAG: the kernel says in the SQ ring's flags when completions wait in task work it
@@ -93,6 +94,8 @@ static const char *
 probe_once(void)
 {
     if (probed) return probe_reason;
+    const char *mn = getenv("RUBY_MN_THREADS");
+    mn_threads_everywhere = mn && *mn && strcmp(mn, "0") != 0;
     struct io_uring ring;
     int err = ring_create(&ring, 0);
     /* Out of descriptors says nothing about io_uring: not remembered, and opening raises EMFILE.
@@ -158,8 +161,7 @@ arm_wakeup(struct uring_backend *backend)
 static int
 thread_may_move(void)
 {
-    const char *mn = getenv("RUBY_MN_THREADS");
-    if (mn && strcmp(mn, "0") != 0 && *mn) return 1;
+    if (mn_threads_everywhere) return 1;
     static ID id_main, id_current;
     if (!id_main) {
         id_main = rb_intern("main");

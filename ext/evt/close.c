@@ -139,52 +139,59 @@ hand_over(struct evt_registration *reg, VALUE io, rb_io_buffer_t *buffer)
     buffer->off = buffer->len = buffer->capa = 0;
 }
 
+struct closing {
+    VALUE io;
+    int fd;
+    VALUE thread;
+};
+
+/* Under the list's lock (plain C): whether the loop has to hear of the close. */
+static int
+must_hear(struct evt_loop *loop, void *ptr)
+{
+    struct closing *c = ptr;
+    /* A closed selector has forgotten its waiters (and may be garbage not yet swept). */
+    if (loop->forks != evt_forks || loop->selector == 2 || !knows(loop, c->io, c->fd)) return 0;
+    /* Another thread's loop, closed: no fiber waits in it and the kernel holds nothing of it. It is
+     * also what a loop left behind by its thread is (Ruby closes a thread's scheduler when the
+     * thread ends): garbage, perhaps, that the GC has not swept yet while the Ruby objects it holds
+     * may be (its requests array): it must not be touched. */
+    return loop->thread == c->thread || loop->backend_data;
+}
+
+static void
+hear(struct evt_loop *loop, void *ptr)
+{
+    struct closing *c = ptr;
+    VALUE io = c->io;
+    int fd = c->fd;
+    if (loop->thread == c->thread) {
+        loop_close_io(loop, io, fd, 0);
+        return;
+    }
+    /* Another thread's loop: it wakes its fibers itself, as soon as it gets the GVL. First, its
+     * transfers on fd must not reach the kernel under a number that is free again; that may let
+     * other threads run, so it comes before the rest, which must happen in one go with the close
+     * (no other thread running until Ruby marks io closed, or a fiber could start a transfer on io
+     * after the loop served the request, and be left in the kernel). */
+    VALUE keep = loop->self; /* the loop stays meanwhile */
+    if (loop->backend->closed_elsewhere) loop->backend->closed_elsewhere(loop, fd);
+    RB_GC_GUARD(keep);
+    if (loop->kernel_ops && waited_on(loop, io, fd)) {
+        rb_io_t *fptr = RFILE(io)->fptr;
+        hand_over(loop->registrations[fd], io, &fptr->rbuf);
+        hand_over(loop->registrations[fd], io, &fptr->wbuf);
+    }
+    evt_loop_request(loop, io, INT2FIX(fd));
+}
+
 /* IO#close from any thread of this process (Ruby 3.3 and 3.4: see close.c), before the descriptor
- * closes. */
+ * closes. Only this Ractor's loops: another Ractor's cannot know io, which is this Ractor's. */
 void
 evt_io_closing(VALUE io, int fd)
 {
-    VALUE thread = Qundef;
-    /* Only this Ractor's loops: another Ractor's cannot know io, which is this Ractor's. */
-    struct evt_loop *buffer[16], **loops = buffer;
-    size_t room = sizeof(buffer) / sizeof(buffer[0]);
-    size_t count = evt_ractor_loops(loops, room);
-    VALUE store = 0;
-    while (count > room) { /* other threads of this Ractor may make loops meanwhile */
-        room = count + 16;
-        loops = ALLOCV_N(struct evt_loop *, store, room);
-        count = evt_ractor_loops(loops, room);
-    }
-    for (size_t i = 0; i < count; i++) {
-        struct evt_loop *loop = loops[i];
-        /* A closed selector has forgotten its waiters (and may be garbage not yet swept). */
-        if (loop->forks != evt_forks || loop->selector == 2 || !knows(loop, io, fd)) continue;
-        if (RB_UNDEF_P(thread)) thread = rb_thread_current();
-        if (loop->thread == thread) {
-            loop_close_io(loop, io, fd, 0);
-            continue;
-        }
-        /* Another thread's loop, closed: no fiber waits in it and the kernel holds nothing of it. It is
-         * also what a loop left behind by its thread is (Ruby closes a thread's scheduler when the
-         * thread ends): garbage, perhaps, that the GC has not swept yet while the Ruby objects it
-         * holds may be (its requests array): it must not be touched. */
-        if (!loop->backend_data) continue;
-        /* Another thread's loop: it wakes its fibers itself, as soon as it gets the GVL. First, its
-         * transfers on fd must not reach the kernel under a number that is free again; that may let
-         * other threads run, so it comes before the rest, which must happen in one go with the close
-         * (no other thread running until Ruby marks io closed, or a fiber could start a transfer on
-         * io after the loop served the request, and be left in the kernel). */
-        VALUE keep = loop->self; /* the loop stays meanwhile */
-        if (loop->backend->closed_elsewhere) loop->backend->closed_elsewhere(loop, fd);
-        RB_GC_GUARD(keep);
-        if (loop->kernel_ops && waited_on(loop, io, fd)) {
-            rb_io_t *fptr = RFILE(io)->fptr;
-            hand_over(loop->registrations[fd], io, &fptr->rbuf);
-            hand_over(loop->registrations[fd], io, &fptr->wbuf);
-        }
-        evt_loop_request(loop, io, INT2FIX(fd));
-    }
-    if (store) ALLOCV_END(store);
+    struct closing c = {io, fd, rb_thread_current()};
+    evt_ractor_each_loop(must_hear, hear, &c);
 }
 
 #pragma GCC diagnostic pop

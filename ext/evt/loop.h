@@ -132,6 +132,9 @@ struct evt_loop {
     unsigned epoch;           /* changes when the loop forgets its waiters (evt_loop_forget) */
     struct evt_list link;     /* in the process's list of loops, which IO#close looks through */
     unsigned long ractor;     /* the Ractor that made it (evt_ractor_serial): the only one that uses it */
+    unsigned long visited;    /* the last evt_ractor_each_loop that looked at it; these three under  */
+    int pins;                 /* its lock: visits under way (the GC's free waits for them), and      */
+    int swept;                /* whether the GC freed the object meanwhile (the last visit frees it) */
     VALUE requests;           /* from other threads: [io, fd] closed, [fiber, exception] to raise */
     int has_requests;
     /* An unblock that came for the fiber running right now (`current`), before it reached block:
@@ -295,9 +298,11 @@ void evt_waiter_wake(struct evt_loop *loop, struct evt_waiter *w, enum evt_outco
 extern volatile unsigned evt_forks;
 /* The calling Ractor's serial number (1 for the first one to ask, ...): never the same for two. */
 unsigned long evt_ractor_serial(void);
-/* The calling Ractor's loops, copied under the list's lock into `loops` (room for `room`). Returns
- * how many there are, which may be more than room. */
-size_t evt_ractor_loops(struct evt_loop **loops, size_t room);
+/* Calls visit(loop, arg) for each loop of the calling Ractor that wanted(loop, arg) accepts, one at a
+ * time. `wanted` runs under the list's lock: plain C, no Ruby. During a visit the loop stays in
+ * memory even if the GC sweeps its object meanwhile (on any thread); `visit` is not called for a
+ * loop swept before its turn. */
+void evt_ractor_each_loop(int (*wanted)(struct evt_loop *, void *), void (*visit)(struct evt_loop *, void *), void *arg);
 VALUE evt_loop_alloc(VALUE klass);
 struct evt_loop *evt_loop_of(VALUE self);
 /* The loop for `self`, after any fork (kernel objects may still be closed). */

@@ -47,20 +47,58 @@ evt_ractor_serial(void)
     return serial;
 }
 
-size_t
-evt_ractor_loops(struct evt_loop **loops, size_t room)
+static unsigned long visits; /* under loops_lock */
+
+struct visit {
+    struct evt_loop *loop;
+    void (*visit)(struct evt_loop *, void *);
+    void *arg;
+};
+
+static void loop_release(struct evt_loop *loop);
+
+static VALUE
+visit_body(VALUE ptr)
 {
-    unsigned long ractor = evt_ractor_serial();
-    size_t count = 0;
+    struct visit *v = (struct visit *)ptr;
+    if (!v->loop->swept) v->visit(v->loop, v->arg);
+    return Qnil;
+}
+
+static VALUE
+visit_end(VALUE ptr)
+{
+    struct evt_loop *loop = ((struct visit *)ptr)->loop;
     loops_enter();
-    for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
-        struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
-        if (loop->ractor != ractor) continue;
-        if (count < room) loops[count] = loop;
-        count++;
-    }
+    int release = --loop->pins == 0 && loop->swept;
     loops_leave();
-    return count;
+    if (release) loop_release(loop);
+    return Qnil;
+}
+
+void
+evt_ractor_each_loop(int (*wanted)(struct evt_loop *, void *), void (*visit)(struct evt_loop *, void *), void *arg)
+{
+    unsigned long ractor = evt_ractor_serial(), round = 0;
+    for (;;) {
+        /* From the start each time: the visit may let the list change (other threads run, the GC
+         * sweeps); `visited` says which loops this call has looked at. */
+        struct visit v = {NULL, visit, arg};
+        loops_enter();
+        if (!round) round = ++visits;
+        for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
+            struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
+            if (loop->ractor != ractor || loop->visited == round) continue;
+            loop->visited = round;
+            if (!wanted(loop, arg)) continue;
+            loop->pins++;
+            v.loop = loop;
+            break;
+        }
+        loops_leave();
+        if (!v.loop) return;
+        rb_ensure(visit_body, (VALUE)&v, visit_end, (VALUE)&v);
+    }
 }
 
 /* Counts forks: every child increments it at once, so a loop can tell it was inherited. */
@@ -196,13 +234,22 @@ evt_loop_close_backend(struct evt_loop *loop)
     }
 }
 
+/* The GC frees the loop; a visit under way (evt_ractor_each_loop) frees it when it is over. */
 static void
 loop_free(void *ptr)
 {
     struct evt_loop *loop = ptr;
     loops_enter();
     evt_list_remove(&loop->link);
+    int visited = loop->pins > 0;
+    if (visited) loop->swept = 1;
     loops_leave();
+    if (!visited) loop_release(loop);
+}
+
+static void
+loop_release(struct evt_loop *loop)
+{
     evt_loop_close_backend(loop);
     /* Only the heap waiters: the others live on fiber stacks that may already be gone. */
     EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);

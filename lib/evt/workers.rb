@@ -208,18 +208,19 @@ module Evt
     # In the worker: the block in an event loop, until it and every fiber it started are done.
     def work(index)
       [@events, @notify, @alive_w].each(&:close)
-      worker = Worker.new(index, @listeners)
       stops = Thread::Queue.new
       %w[TERM INT].each { |signal| trap(signal) { stops << signal } }
-      Evt.run(backend: @backend) do
-        # Told to stop (a signal), or orphaned (the supervisor died): stop accepting; the fibers
-        # in flight finish.
-        watchers = [
-          Fiber.schedule { stops.pop && worker.stop },
-          Fiber.schedule { @alive_r.read && worker.stop }, # end of file: the supervisor is gone
-        ]
+      # Told to stop (a signal), or orphaned (end of file: the supervisor died).
+      Workers.serve(Worker.new(index, @listeners), @backend, @block, [-> { stops.pop }, -> { @alive_r.read }])
+    end
+
+    # The block in +worker+'s own event loop. Each of +stops+ waits (in a fiber) for a reason to
+    # stop: then the worker stops accepting, and the fibers in flight finish.
+    def self.serve(worker, backend, block, stops)
+      Evt.run(backend: backend) do
+        watchers = stops.map { |wait| Fiber.schedule { wait.call && worker.stop } }
         begin
-          @block.call(worker)
+          block.call(worker)
         ensure
           # The block is over (or failed): the watchers have nothing left to stop.
           watchers.each { |fiber| fiber.kill if fiber.alive? }
@@ -229,9 +230,8 @@ module Evt
 
     # ---- workers as Ractors ----------------------------------------------------------------------
 
+    # The block, made shareable (Ractor.make_shareable freezes what it holds, deeply).
     def shareable(block)
-      return block if Ractor.shareable?(block)
-
       Ractor.make_shareable(block)
     rescue Ractor::Error, ArgumentError => e
       raise ArgumentError, "evt: a Ractor worker's block must be shareable (#{e.message}): reach the listeners " \
@@ -242,38 +242,46 @@ module Evt
     # A Ractor running the block in its own loop on descriptors of its own (a copy of each listener's),
     # and a thread here that tells the supervisor when it ends.
     def start_ractor(index)
-      listeners = @listeners.map { |io| [io.class, io.to_io.dup.tap { |copy| copy.autoclose = false }.fileno] }
-      ractor = Ractor.new(index, listeners, @backend, @block, name: "evt worker #{index}") do |number, ios, backend, body|
-        Workers.work_in_ractor(number, ios, backend, body)
+      copies = @listeners.map { |io| io.to_io.dup.tap { |copy| copy.autoclose = false } }
+      begin
+        ractor = Ractor.new(index, copies.map { |io| [io.class, io.fileno] }, @backend, @block,
+                            name: "evt worker #{index}") do |number, ios, backend, body|
+          Workers.work_in_ractor(number, ios, backend, body)
+        end
+      rescue StandardError
+        copies.each(&:close) # the Ractor that was to own them never came
+        raise
       end
       @workers[ractor] = index
-      @ends[ractor.object_id] = [ractor, Thread.new do
-        Thread.current.report_on_exception = false
-        begin
-          ractor.take
-        rescue Ractor::RemoteError => e
-          warn "evt: worker #{index} (#{ractor.name}) ended with #{e.cause.class}: #{e.cause.message}"
-        end
-        tell("ENDED #{ractor.object_id}")
-      end]
+      @ends[ractor.object_id] = [ractor, Thread.new { wait_for_end(ractor, index) }]
       ractor
     end
 
-    # In the worker Ractor: as #work in a worker process, the supervisor's word coming as a message.
+    def wait_for_end(ractor, index)
+      Thread.current.report_on_exception = false
+      ractor.respond_to?(:value) ? ractor.value : ractor.take # Ruby 3.5 has #value, 3.3 and 3.4 #take
+    rescue Ractor::RemoteError => e
+      warn "evt: worker #{index} (#{ractor.name}) ended with #{e.cause.class}: #{e.cause.message}"
+    rescue Exception => e # rubocop:disable Lint/RescueException -- the supervisor must hear of the end
+      warn "evt: waiting for worker #{index} (#{ractor.name}): #{e.class}: #{e.message}"
+    ensure
+      begin
+        @notify&.write("ENDED #{ractor.object_id}\n") # blocking: this one must not be lost
+      rescue IOError
+        nil # #run is over
+      end
+    end
+
+    # In the worker Ractor: the listeners are this Ractor's own descriptors; the supervisor's word
+    # to stop comes as a message.
     def self.work_in_ractor(index, listeners, backend, body)
       worker = Worker.new(index, listeners.map { |klass, fd| klass.for_fd(fd) })
       stops = Thread::Queue.new
       Thread.new { stops << Ractor.receive }
-      Evt.run(backend: backend) do
-        watcher = Fiber.schedule { stops.pop && worker.stop }
-        begin
-          body.call(worker)
-        ensure
-          watcher.kill if watcher.alive?
-        end
-      end
-      worker.listeners.each { |io| io.close unless io.closed? }
+      serve(worker, backend, body, [-> { stops.pop }])
       nil
+    ensure
+      worker&.listeners&.each { |io| io.close unless io.closed? }
     end
 
     # A worker Ractor ended: started again unless it was told to stop (#stop_workers forgot it then).
@@ -286,11 +294,13 @@ module Evt
       spawn(index)
     end
 
-    # SIGHUP: a new worker first, then the old one stops; one index at a time.
+    # SIGHUP: a new worker first, then the old one stops; one index at a time. (Ractors where Ruby
+    # cannot run fibers in two at once: the old one stops first; its listener's queue waits.)
     def roll
-      @workers.to_a.each do |old_pid, index|
+      @workers.to_a.each do |old, index|
+        stop_workers([old]) if @ractors && !PARALLEL_RACTOR_FIBERS
         spawn(index)
-        stop_workers([old_pid])
+        stop_workers([old]) unless @ractors && !PARALLEL_RACTOR_FIBERS
       end
     end
 
