@@ -174,20 +174,12 @@ end
 
 class RactorTest < Minitest::Test
   include EvtTest
+  include QuietRactors
 
   # Ruby 3.3 and 3.4 corrupt their fiber-stack pool when fibers start or end in two Ractors at
   # once, with or without a scheduler (test/support/ractor_fibers_crash.rb shows it; fixed in Ruby
   # 3.5 by ruby/ruby#13466). Tests with loops in several Ractors at once run where that is fixed.
   RUBY_FIBERS_IN_PARALLEL_RACTORS = Evt::Workers::PARALLEL_RACTOR_FIBERS
-
-  def setup
-    @experimental = Warning[:experimental]
-    Warning[:experimental] = false # Ractor's warning
-  end
-
-  def teardown
-    Warning[:experimental] = @experimental
-  end
 
   def skip_unless_parallel_fibers
     return if RUBY_FIBERS_IN_PARALLEL_RACTORS

@@ -69,3 +69,36 @@ module EvtTest
 end
 
 Minitest::Test.include(EvtTest)
+
+# Evt::Workers' tests: one line to the server on +port+ and its one-line answer; a supervisor told
+# to stop, and how it ended.
+module WorkersHelpers
+  def ask(port, line)
+    Timeout.timeout(10) do
+      TCPSocket.open("127.0.0.1", port) do |socket|
+        socket.puts(line)
+        socket.gets&.chomp
+      end
+    end
+  end
+
+  def stop(supervisor)
+    Process.kill("TERM", supervisor)
+    _, status = Timeout.timeout(20) { Process.wait2(supervisor) }
+    status
+  end
+end
+
+# Ractor tests: Ruby's "Ractor is experimental" warning, off for the test only.
+module QuietRactors
+  def setup
+    super
+    @experimental = Warning[:experimental]
+    Warning[:experimental] = false
+  end
+
+  def teardown
+    Warning[:experimental] = @experimental
+    super
+  end
+end

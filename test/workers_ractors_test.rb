@@ -6,6 +6,9 @@ require "test_helper"
 # own loop and its own descriptor of the listener. Ruby 3.3 and 3.4 allow one such worker (see
 # RactorTest), so these tests run one; the supervision is the same for any number.
 class WorkersRactorsTest < Minitest::Test
+  include WorkersHelpers
+  include QuietRactors
+
   # The workers' block: made where self is nil, so it can be shared with the Ractors. A line
   # protocol: "who" answers the Ractor and the process; "slow" answers "started", then "done" 0.3 s
   # later; "crash" makes the worker end with an exception once the answer is out.
@@ -38,15 +41,6 @@ class WorkersRactorsTest < Minitest::Test
     end
   end
 
-  def setup
-    @experimental = Warning[:experimental]
-    Warning[:experimental] = false # Ractor's warning
-  end
-
-  def teardown
-    Warning[:experimental] = @experimental
-  end
-
   def start_supervisor(ractors: 1)
     server = TCPServer.new("127.0.0.1", 0)
     port = server.local_address.ip_port
@@ -59,21 +53,6 @@ class WorkersRactorsTest < Minitest::Test
     end
     server.close
     [supervisor, port]
-  end
-
-  def ask(port, line)
-    Timeout.timeout(10) do
-      TCPSocket.open("127.0.0.1", port) do |socket|
-        socket.puts(line)
-        socket.gets&.chomp
-      end
-    end
-  end
-
-  def stop(supervisor)
-    Process.kill("TERM", supervisor)
-    _, status = Timeout.timeout(20) { Process.wait2(supervisor) }
-    status
   end
 
   def test_the_worker_is_a_ractor_of_the_supervisors_process

@@ -5,6 +5,8 @@ require "test_helper"
 
 # Evt::Workers: one event loop per worker process on a shared listening socket, supervised.
 class WorkersTest < Minitest::Test
+  include WorkersHelpers
+
   # A line-protocol server: "pid" answers the worker's pid, "slow" answers after 0.3 s, "crash"
   # ends the worker at once.
   def start_supervisor(count: 2)
@@ -41,24 +43,9 @@ class WorkersTest < Minitest::Test
     client.close
   end
 
-  def ask(port, line)
-    Timeout.timeout(10) do
-      TCPSocket.open("127.0.0.1", port) do |socket|
-        socket.puts(line)
-        socket.gets&.chomp
-      end
-    end
-  end
-
   # Pids answering, once the workers accept: a connection may meet a worker still starting.
   def worker_pids(port, tries: 40)
     Array.new(tries) { ask(port, "pid") }.map(&:to_i).uniq
-  end
-
-  def stop(supervisor)
-    Process.kill("TERM", supervisor)
-    _, status = Timeout.timeout(20) { Process.wait2(supervisor) }
-    status
   end
 
   def test_the_workers_are_processes_of_their_own_serving_one_socket
