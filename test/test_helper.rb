@@ -102,3 +102,52 @@ module QuietRactors
     super
   end
 end
+
+# A hung test must not take the whole run down with it unnamed. Each test's name goes to the file
+# EVT_TEST_CURRENT (bin/test prints it if the run is killed), and a test still running after
+# EVT_TEST_HANG seconds (default 180) has every thread's backtrace printed and is interrupted with
+# HangWatch::Hung, an error that fails it, so the run goes on.
+module HangWatch
+  LIMIT = Float(ENV.fetch("EVT_TEST_HANG", "180"))
+  CURRENT = ENV["EVT_TEST_CURRENT"].then { |path| path.nil? || path.empty? ? nil : path }
+
+  class Hung < Exception; end # rubocop:disable Lint/InheritException -- no `rescue => e` may swallow it
+
+  @lock = Mutex.new
+  @watched = nil # [test name, its thread, deadline]
+
+  def self.watch(name, thread)
+    @lock.synchronize do
+      @watched = [name, thread, Process.clock_gettime(Process::CLOCK_MONOTONIC) + LIMIT]
+      @watcher = nil unless @watcher&.alive? # none after a fork
+      @watcher ||= Thread.new { patrol }.tap { |watcher| watcher.name = "evt test watchdog" }
+    end
+    yield
+  ensure
+    @lock.synchronize { @watched = nil }
+  end
+
+  def self.patrol
+    loop do
+      sleep 1
+      name, thread = @lock.synchronize do
+        next unless @watched && Process.clock_gettime(Process::CLOCK_MONOTONIC) > @watched[2]
+
+        @watched.tap { @watched = nil }
+      end
+      next unless thread
+
+      warn "== #{name} still running after #{LIMIT} s: interrupted. Threads:"
+      Thread.list.each { |each| warn "-- #{each.inspect}\n  #{(each.backtrace || []).join("\n  ")}" }
+      thread.raise(Hung, "#{name} hung: still running after #{LIMIT} s")
+    end
+  end
+
+  def run
+    name = "#{self.class}##{self.name}"
+    File.write(CURRENT, "#{name}\n") if CURRENT
+    HangWatch.watch(name, Thread.current) { super }
+  end
+end
+
+Minitest::Test.prepend(HangWatch)
