@@ -102,7 +102,7 @@ module Evt
       @stop_timeout = stop_timeout
       @backend = backend
       @workers = {} # pid (or Ractor) => index
-      @ends = {} # a worker Ractor's object_id => [it, the thread that waits for its end]
+      @ends = {} # a worker Ractor's object_id => [it, the thread that waits for its end, its stop pipe's write end]
       @restarts = 0
     end
 
@@ -139,7 +139,7 @@ module Evt
         supervise
       ensure
         previous.each { |signal, handler| trap(signal, handler || "DEFAULT") }
-        [@events, @notify, @alive_r, @alive_w].each(&:close)
+        [@events, @notify, @alive_r, @alive_w, *@ends.values.map(&:last)].each(&:close)
       end
       self
     end
@@ -239,21 +239,23 @@ module Evt
                            "(nil.instance_exec { proc { |worker| ... } }) or pass an object with #call(worker)"
     end
 
-    # A Ractor running the block in its own loop on descriptors of its own (a copy of each listener's),
-    # and a thread here that tells the supervisor when it ends.
+    # A Ractor running the block in its own loop on descriptors of its own (a copy of each listener's,
+    # and the read end of a pipe whose end of file tells it to stop), and a thread here that tells the
+    # supervisor when it ends. The Ractor owns those descriptors: their IOs here never close them.
     def start_ractor(index)
-      copies = @listeners.map { |io| io.to_io.dup.tap { |copy| copy.autoclose = false } }
+      stop_r, stop_w = IO.pipe
+      owned = [*@listeners.map { |io| io.to_io.dup }, stop_r].each { |io| io.autoclose = false }
       begin
-        ractor = Ractor.new(index, copies.map { |io| [io.class, io.fileno] }, @backend, @block,
+        ractor = Ractor.new(index, owned.map { |io| [io.class, io.fileno] }, @backend, @block,
                             name: "evt worker #{index}") do |number, ios, backend, body|
           Workers.work_in_ractor(number, ios, backend, body)
         end
       rescue StandardError
-        copies.each(&:close) # the Ractor that was to own them never came
+        [*owned, stop_w].each(&:close) # the Ractor that was to own them never came
         raise
       end
       @workers[ractor] = index
-      @ends[ractor.object_id] = [ractor, Thread.new { wait_for_end(ractor, index) }]
+      @ends[ractor.object_id] = [ractor, Thread.new { wait_for_end(ractor, index) }, stop_w]
       ractor
     end
 
@@ -273,20 +275,23 @@ module Evt
     end
 
     # In the worker Ractor: the listeners are this Ractor's own descriptors; the supervisor's word
-    # to stop comes as a message.
-    def self.work_in_ractor(index, listeners, backend, body)
-      worker = Worker.new(index, listeners.map { |klass, fd| klass.for_fd(fd) })
-      stops = Thread::Queue.new
-      Thread.new { stops << Ractor.receive }
-      serve(worker, backend, body, [-> { stops.pop }])
+    # to stop is the end of file of the pipe that comes last, read by a fiber of the loop. (Not a
+    # Ractor message: a thread waiting in Ractor.receive beside the loop sometimes never heard it, 1
+    # test run in 10, and the worker did not stop; a script without Evt::Workers never showed it.)
+    def self.work_in_ractor(index, descriptors, backend, body)
+      ios = descriptors.map { |klass, fd| klass.for_fd(fd) }
+      *listeners, stop = ios
+      worker = Worker.new(index, listeners)
+      serve(worker, backend, body, [-> { stop.read }])
       nil
     ensure
-      worker&.listeners&.each { |io| io.close unless io.closed? }
+      [*ios].each { |io| io.close unless io.closed? }
     end
 
     # A worker Ractor ended: started again unless it was told to stop (#stop_workers forgot it then).
     def ractor_ended(id)
-      ractor, = @ends.delete(id)
+      ractor, _, stop_w = @ends.delete(id)
+      stop_w&.close
       index = @workers.delete(ractor)
       return unless index
 
@@ -328,9 +333,8 @@ module Evt
 
     def stop_ractors(targets)
       targets.each do |ractor|
-        ractor.send(:stop)
-      rescue Ractor::ClosedError
-        nil # it ended already
+        _, _, stop_w = @ends[ractor.object_id]
+        stop_w.close unless stop_w.nil? || stop_w.closed? # end of file: stop
       end
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @stop_timeout
       targets.each do |ractor|
