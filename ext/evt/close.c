@@ -55,13 +55,16 @@ waited_on(struct evt_loop *loop, VALUE io, int fd)
     return 0;
 }
 
-/* Whether the loop has met io on fd: a fiber waits on it, or waited on it last. (Another thread
- * closing it tells the loop even when no fiber waits right now: one may be about to.) */
+/* Whether the loop has met io on fd: a fiber waits on it, or waited on it last, or may have: the
+ * descriptor's registration forgot its IO at a GC (it keeps none alive that nobody waits on).
+ * (Another thread closing io tells the loop even when no fiber waits right now: one may be about
+ * to, and must then raise at once.) */
 static int
 knows(struct evt_loop *loop, VALUE io, int fd)
 {
     if (fd < 0 || fd >= loop->registrations_size || !loop->registrations[fd]) return 0;
-    return loop->registrations[fd]->io == io || waited_on(loop, io, fd);
+    VALUE known = loop->registrations[fd]->io;
+    return known == io || NIL_P(known) || waited_on(loop, io, fd);
 }
 
 /* Wakes the loop's waiters on io with EVT_CLOSED, on the loop's own thread: the kernel lets go of
