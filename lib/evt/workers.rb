@@ -239,36 +239,37 @@ module Evt
                            "(nil.instance_exec { proc { |worker| ... } }) or pass an object with #call(worker)"
     end
 
-    # A Ractor running the block in its own loop on descriptors of its own (a copy of each listener's,
-    # and the read end of a pipe whose end of file tells it to stop), and a thread here that tells the
-    # supervisor when it ends. The Ractor owns those descriptors: their IOs here never close them.
+    # A Ractor running the block in its own loop on descriptors of its own: a copy of each listener's,
+    # the read end of a pipe whose end of file tells it to stop, and the write end of one it closes
+    # when it ends, which a thread here waits for to tell the supervisor. The Ractor owns those
+    # descriptors: their IOs here never close them.
     def start_ractor(index)
       stop_r, stop_w = IO.pipe
-      owned = [*@listeners.map { |io| io.to_io.dup }, stop_r].each { |io| io.autoclose = false }
+      end_r, end_w = IO.pipe
+      owned = [*@listeners.map { |io| io.to_io.dup }, stop_r, end_w].each { |io| io.autoclose = false }
       begin
         ractor = Ractor.new(index, owned.map { |io| [io.class, io.fileno] }, @backend, @block,
                             name: "evt worker #{index}") do |number, ios, backend, body|
           Workers.work_in_ractor(number, ios, backend, body)
         end
       rescue StandardError
-        [*owned, stop_w].each(&:close) # the Ractor that was to own them never came
+        [*owned, stop_w, end_r].each(&:close) # the Ractor that was to own them never came
         raise
       end
       @workers[ractor] = index
-      @ends[ractor.object_id] = [ractor, Thread.new { wait_for_end(ractor, index) }, stop_w]
+      @ends[ractor.object_id] = [ractor, Thread.new { wait_for_end(ractor.object_id, end_r) }, stop_w]
       ractor
     end
 
-    def wait_for_end(ractor, index)
+    # The end of file of +end_r+: the Ractor's loop is over. (Not Ractor#take: on Ruby 3.3 and 3.4 one
+    # of two threads taking from two Ractors at once was sometimes never woken.)
+    def wait_for_end(id, end_r)
       Thread.current.report_on_exception = false
-      ractor.respond_to?(:value) ? ractor.value : ractor.take # Ruby 3.5 has #value, 3.3 and 3.4 #take
-    rescue Ractor::RemoteError => e
-      warn "evt: worker #{index} (#{ractor.name}) ended with #{e.cause.class}: #{e.cause.message}"
-    rescue Exception => e # rubocop:disable Lint/RescueException -- the supervisor must hear of the end
-      warn "evt: waiting for worker #{index} (#{ractor.name}): #{e.class}: #{e.message}"
+      end_r.read
     ensure
+      end_r.close
       begin
-        @notify&.write("ENDED #{ractor.object_id}\n") # blocking: this one must not be lost
+        @notify&.write("ENDED #{id}\n") # blocking: this one must not be lost
       rescue IOError
         nil # #run is over
       end
@@ -280,12 +281,14 @@ module Evt
     # test run in 10, and the worker did not stop; a script without Evt::Workers never showed it.)
     def self.work_in_ractor(index, descriptors, backend, body)
       ios = descriptors.map { |klass, fd| klass.for_fd(fd) }
-      *listeners, stop = ios
+      *listeners, stop, _ended = ios
       worker = Worker.new(index, listeners)
       serve(worker, backend, body, [-> { stop.read }])
       nil
+    rescue Exception => e # rubocop:disable Lint/RescueException -- a worker's end, reported
+      warn "evt: worker #{index} (#{Ractor.current.name}) ended with #{e.class}: #{e.message}"
     ensure
-      [*ios].each { |io| io.close unless io.closed? }
+      [*ios].each { |io| io.close unless io.closed? } # the last one tells the supervisor
     end
 
     # A worker Ractor ended: started again unless it was told to stop (#stop_workers forgot it then).
