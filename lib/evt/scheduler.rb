@@ -54,6 +54,11 @@ module Evt
     def initialize(*arguments, pool_size: nil, **options)
       @pool_size = Scheduling.pool_size(pool_size)
       @pool = nil
+      # Every scheduled fiber runs this one body, which takes its block and kind from @starting
+      # (set just before the fiber starts, which it does at once): a block of its own per fiber would
+      # cost a Proc and its environment each, and GC time for as long as the fiber lives.
+      @fiber_body = method(:scheduled_fiber_body).to_proc
+      @starting = @starting_child = nil
       super(*arguments, **options)
       Scheduling.warn_about_hiredis
     end
@@ -114,23 +119,20 @@ module Evt
     # scheduled fiber is a child, as a connection handler is its server's: its exception is reported
     # on $stderr (as Thread#report_on_exception does) and ends that fiber only. SystemExit and
     # signals always go on to the loop.
+    #
+    # Fiber.schedule's keywords (storage:) come as one Hash, or none: no Hash is made for none.
     # @return [Fiber]
-    def fiber(**options, &block)
+    def fiber(options = nil, &block)
       raise ArgumentError, "evt: Fiber.schedule needs a block" unless block
-      raise ArgumentError, "evt: scheduled fibers are non-blocking" if options[:blocking]
+      raise ArgumentError, "wrong number of arguments (given 1, expected 0)" unless options.nil? || options.is_a?(Hash)
+      raise ArgumentError, "evt: scheduled fibers are non-blocking" if options && options[:blocking]
 
-      child = !Fiber.current.blocking?
-      fiber = Fiber.new(**options, blocking: false) do
-        started # the loop now knows this fiber runs (starting it could have failed)
-        block.call
-      rescue SystemExit, SignalException
-        raise
-      rescue Exception => error # rubocop:disable Lint/RescueException -- a fiber's end, reported
-        raise unless child
-
-        report(error, block)
-      end
+      fiber = options ? Fiber.new(**options, blocking: false, &@fiber_body) : Fiber.new(&@fiber_body) # non-blocking
+      @starting = block
+      @starting_child = !Fiber.current.blocking?
       start_collecting(fiber)
+    ensure
+      @starting = nil # not kept alive by the scheduler, whether the fiber started or not
     end
 
     if RUBY_VERSION < "3.4"
@@ -247,6 +249,21 @@ module Evt
         GC.start
         retry
       end
+    end
+
+    # What every scheduled fiber runs (see #fiber): its block, with its exception handled as #fiber says.
+    def scheduled_fiber_body
+      block = @starting
+      child = @starting_child
+      @starting = nil
+      started # the loop now knows this fiber runs (starting it could have failed)
+      block.call
+    rescue SystemExit, SignalException
+      raise
+    rescue Exception => error # rubocop:disable Lint/RescueException -- a fiber's end, reported
+      raise unless child
+
+      report(error, block)
     end
 
     # ProcessWaiting's wait for a pidfd.
