@@ -119,8 +119,8 @@ module HangWatch
   def self.watch(name, thread)
     @lock.synchronize do
       @watched = [name, thread, Process.clock_gettime(Process::CLOCK_MONOTONIC) + LIMIT]
-      @watcher = nil unless @watcher&.alive? # none after a fork
-      @watcher ||= Thread.new { patrol }.tap { |watcher| watcher.name = "evt test watchdog" }
+      # (again after a fork, which leaves no thread but the forking one)
+      @watcher = Thread.new { patrol }.tap { |watcher| watcher.name = "evt test watchdog" } unless @watcher&.alive?
     end
     yield
   ensure

@@ -51,9 +51,12 @@ class WorkersRactorsTest < Minitest::Test
   # was lost (as it was, 1 run in 10, while a thread beside the loop waited for it in Ractor.receive).
   def stop(supervisor)
     status = nil
-    took = elapsed { status = super }
-    assert_operator took, :<, STOP_TIMEOUT, "the worker Ractor did not stop when told: the supervisor waited out stop_timeout"
+    assert_stopped_when_told(elapsed { status = super })
     status
+  end
+
+  def assert_stopped_when_told(took)
+    assert_operator took, :<, STOP_TIMEOUT, "the worker Ractor did not stop when told: the supervisor waited out stop_timeout"
   end
 
   def start_supervisor(ractors: 1)
@@ -115,7 +118,7 @@ class WorkersRactorsTest < Minitest::Test
     status = nil
     took = elapsed { _, status = Timeout.timeout(20) { Process.wait2(supervisor) } }
     assert status.success?
-    assert_operator took, :<, STOP_TIMEOUT, "the worker Ractor did not stop when told: the supervisor waited out stop_timeout"
+    assert_stopped_when_told(took)
     supervisor = nil
   ensure
     stop(supervisor) if supervisor

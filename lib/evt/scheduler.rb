@@ -253,9 +253,8 @@ module Evt
 
     # What every scheduled fiber runs (see #fiber): its block, with its exception handled as #fiber says.
     def scheduled_fiber_body
-      block = @starting
+      block = @starting # #fiber lets go of it once this fiber has started
       child = @starting_child
-      @starting = nil
       started # the loop now knows this fiber runs (starting it could have failed)
       block.call
     rescue SystemExit, SignalException
