@@ -2,6 +2,7 @@
 
 require "test_helper"
 require "timeout"
+require "rbconfig"
 
 # Operations left early, and operations by the thousand. On io_uring a read belongs to the kernel
 # until its completion is reaped: leaving it early must cancel and reap it before the memory it
@@ -109,5 +110,47 @@ class CancellationTest < Minitest::Test
       end
     end
     assert_equal count, received
+  end
+
+  # A send to a full UNIX socket shut down for reading, left just after the loop handed it to the
+  # kernel: on io_uring the kernel did not find it where cancellations look (-ENOENT) while it went
+  # from its poll to its retry, and the thread waited for its end for ever, holding the GVL (no
+  # Timeout, signal or watchdog could reach it). In a child, which such a hang cannot take along.
+  def test_a_send_left_just_after_it_reached_the_kernel_ends
+    script = <<~'RUBY'
+      require "evt"
+      require "socket"
+      a, b = UNIXSocket.pair
+      a.close_read
+      loop { break if a.write_nonblock("x" * 65_536, exception: false) == :wait_writable }
+      outcomes = Array.new(20) do
+        Evt.run do
+          writer = Fiber.schedule { a.write("more") rescue $! }
+          Fiber.schedule { sleep 0; writer.raise(IOError, "left") } # one turn: the send is in the kernel
+          writer
+        end
+        :left
+      end
+      puts outcomes.uniq.inspect
+    RUBY
+    out, status = run_child(script)
+    assert status&.success?, status ? "the child died (#{status.inspect})" : "the child hung: killed after 30 s"
+    assert_equal "[:left]\n", out
+  end
+
+  # Runs +script+ in a new Ruby: what it printed, and how it ended (nil: still running after
+  # +limit+ seconds, then killed; a thread inside it could not have ended it without the GVL).
+  def run_child(script, limit: 30)
+    IO.popen([RbConfig.ruby, "-W:no-experimental", "-I", File.expand_path("../lib", __dir__), "-e", script],
+             err: %i[child out]) do |child|
+      reader = Thread.new { child.read }
+      if reader.join(limit)
+        Process.wait(child.pid)
+        [reader.value, $?]
+      else
+        Process.kill(:KILL, child.pid)
+        [reader.value, nil]
+      end
+    end
   end
 end

@@ -40,7 +40,12 @@ struct uring_backend {
     struct io_uring ring;
     int wakeup_fd;         /* the core's (loop->wakeup) */
     uint64_t wakeup_value; /* its read lands here */
+    uint64_t cancel_serial; /* of the last cancellation asked (uring_cancel); its answer: */
+    int cancel_answer;      /* CANCEL_UNANSWERED, or what the kernel said (0, -ENOENT, -EALREADY) */
 };
+
+/* A cancellation's user_data: TAG_IGNORE with its serial above the tag (plain TAG_IGNORE: serial 0). */
+enum { CANCEL_UNANSWERED = 1 };
 
 static uint64_t
 poll_data(int fd, uint32_t serial)
@@ -55,7 +60,6 @@ static pthread_mutex_t probe_lock = PTHREAD_MUTEX_INITIALIZER;
 static const char *probe_reason;
 static int probed;
 static int has_waitid;
-static int has_close;
 static int mn_threads_everywhere; /* RUBY_MN_THREADS, read once (ENV may change under another Ractor) */
 
 static const unsigned setup_choices[] = {
@@ -112,7 +116,6 @@ probe_once(void)
                                  IORING_OP_WRITE,    IORING_OP_RECV,        IORING_OP_SEND};
     for (size_t i = 0; i < sizeof(needed) / sizeof(needed[0]); i++)
         if (!probe || !io_uring_opcode_supported(probe, needed[i])) probe_reason = "the kernel's io_uring lacks operations evt needs";
-    has_close = probe && io_uring_opcode_supported(probe, IORING_OP_CLOSE);
     has_waitid = probe && probe->last_op >= OP_WAITID && (probe->ops[OP_WAITID].flags & IO_URING_OP_SUPPORTED);
     if (probe) io_uring_free_probe(probe);
     io_uring_queue_exit(&ring);
@@ -183,6 +186,8 @@ uring_open(struct evt_loop *loop)
         return err;
     }
     backend->wakeup_fd = loop->wakeup.read_fd;
+    backend->cancel_serial = 0;
+    backend->cancel_answer = 0;
     loop->backend_data = backend;
     arm_wakeup(backend);
     return 0;
@@ -283,6 +288,9 @@ dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
             case TAG_WAKEUP:
                 arm_wakeup(backend);
                 break;
+            case TAG_IGNORE:
+                if (data >> 2 && data >> 2 == backend->cancel_serial) backend->cancel_answer = cqe->res;
+                break;
             }
             count++;
         }
@@ -329,14 +337,7 @@ uring_transfer(struct evt_loop *loop, struct evt_op *op)
 {
     struct uring_backend *backend = loop->backend_data;
     if (op->kind == EVT_OP_WAITID && !has_waitid) return -ENOTSUP;
-    if (op->kind == EVT_OP_CLOSE && !has_close) return -ENOTSUP;
     struct io_uring_sqe *sqe = next_sqe(backend);
-    if (op->kind == EVT_OP_CLOSE) {
-        io_uring_prep_close(sqe, op->fd);
-        io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)op);
-        op->pending = 1;
-        return 0;
-    }
     if (op->kind == EVT_OP_WAITID) {
         prep_waitid(sqe, op->fd, op->base);
         io_uring_sqe_set_data64(sqe, (uint64_t)(uintptr_t)op);
@@ -362,12 +363,10 @@ uring_transfer(struct evt_loop *loop, struct evt_op *op)
 }
 
 /* Turns op's request into a no-op with the same user_data, if the kernel has not taken it yet (it is
- * still in the submission queue, which only this thread fills and submits). Never a close: cancelled
- * or not, the descriptor must be released, and a close in the kernel ends at once. */
+ * still in the submission queue, which only this thread fills and submits). */
 static int
 unsubmit(struct io_uring_sq *sq, struct evt_op *op)
 {
-    if (op->kind == EVT_OP_CLOSE) return 0;
     uint64_t data = (uint64_t)(uintptr_t)op;
     for (unsigned i = io_uring_smp_load_acquire(sq->khead); i != sq->sqe_tail; i++) {
         struct io_uring_sqe *sqe = &sq->sqes[i & sq->ring_mask];
@@ -384,17 +383,24 @@ static void
 uring_cancel(struct evt_loop *loop, struct evt_op *op)
 {
     struct uring_backend *backend = loop->backend_data;
-    /* A request the kernel has not seen is simply never made: cheaper than a cancellation, and
-     * the only way out seen for a send on a UNIX socket shut down for reading (Linux 6.18), which
-     * a cancellation submitted together with it never ended. */
-    if (!unsubmit(&backend->ring.sq, op)) {
-        struct io_uring_sqe *sqe = next_sqe(backend);
-        io_uring_prep_cancel64(sqe, (uint64_t)(uintptr_t)op, 0);
-        io_uring_sqe_set_data64(sqe, TAG_IGNORE);
-    }
+    /* A request the kernel has not seen is simply never made: cheaper than a cancellation. */
+    if (unsubmit(&backend->ring.sq, op)) backend->cancel_answer = 0;
+    else backend->cancel_answer = -ENOENT;
     /* Wait here, with the thread: cancelling a request waiting for readiness is immediate, and a
-     * file read under way ends soon. Other completions that arrive meanwhile are dispatched. */
+     * file read under way ends soon. Other completions that arrive meanwhile are dispatched. The
+     * kernel may not find the request where a cancellation looks (-ENOENT) while it moves between
+     * its poll and its retry, which run as task work: a send to a UNIX socket shut down for reading,
+     * cancelled just after it was submitted, was never found, and this wait never ended (Linux
+     * 6.18). Then it is asked again, once the wait has run the kernel's task work. */
     while (op->pending) {
+        if (backend->cancel_answer == -ENOENT) {
+            struct io_uring_sqe *sqe = next_sqe(backend);
+            io_uring_prep_cancel64(sqe, (uint64_t)(uintptr_t)op, 0);
+            backend->cancel_serial = (backend->cancel_serial + 1) & (UINT64_MAX >> 2);
+            if (!backend->cancel_serial) backend->cancel_serial = 1;
+            io_uring_sqe_set_data64(sqe, (backend->cancel_serial << 2) | TAG_IGNORE);
+            backend->cancel_answer = CANCEL_UNANSWERED;
+        }
         struct io_uring_cqe *cqe;
         int r = io_uring_submit_and_wait_timeout(&backend->ring, &cqe, 1, NULL, NULL);
         if (r < 0 && r != -EINTR && r != -ETIME && r != -EBUSY && r != -EAGAIN) rb_syserr_fail(-r, "io_uring_enter");
