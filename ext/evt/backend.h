@@ -108,7 +108,6 @@ evt_backend_slot_clear(struct evt_backend_slot *slot)
 enum evt_op_kind {
     EVT_OP_TRANSFER,   /* read or write, as below */
     EVT_OP_WAITID,     /* until child process `fd` (a pid) exits; base: a siginfo_t. -ENOTSUP if unsupported */
-    EVT_OP_CLOSE,      /* close(2) of fd. -ENOTSUP if unsupported */
 };
 
 struct evt_op {

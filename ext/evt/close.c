@@ -14,8 +14,8 @@
  * loop->requests, and the loop's thread serves it on its next turn (loop.c).
  *
  * Ruby 4.0 interrupts waiting fibers itself, through the scheduler's fiber_interrupt hook, and asks
- * the scheduler to close the descriptor with io_close: there evt defines those hooks (hooks.c) and
- * leaves IO#close alone. */
+ * the scheduler to close the descriptor with io_close (hooks.c). What it leaves undone is done here
+ * still, from the same IO#close: see evt_io_closing. */
 #include "loop.h"
 
 #include <errno.h>
@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <ruby/io.h>
+#include <ruby/fiber/scheduler.h>
 #include <ruby/version.h>
 
 void
@@ -98,6 +99,28 @@ again:
         loop->backend->release(loop, fd, reg);
 }
 
+/* Ruby 4.0's io_close(fd), on the closing thread: Ruby has marked the IO closed and interrupted the
+ * fibers whose reads, writes and waits it tracks (fiber_interrupt), and waited for them. What still
+ * waits on fd for an IO now closed is woken here, before the descriptor closes: an IO.select (which
+ * Ruby does not track), or a wait that began while the close flushed. */
+void
+evt_loop_descriptor_closing(struct evt_loop *loop, int fd)
+{
+    if (fd < 0 || fd >= loop->registrations_size || !loop->registrations[fd]) return;
+    struct evt_registration *reg = loop->registrations[fd];
+    VALUE last = Qnil;
+    for (;;) {
+        VALUE closed = Qnil;
+        EACH_WAITER(&reg->waiters, io_link, w) {
+            if (NIL_P(closed) && RB_TYPE_P(w->io, T_FILE) && evt_io_closed(w->io)) closed = w->io;
+        }
+        /* loop_close_io takes every waiter of that IO out of the list: each turn has one IO fewer. */
+        if (NIL_P(closed) || closed == last) return;
+        loop_close_io(loop, closed, fd, 0);
+        last = closed;
+    }
+}
+
 /* A request from another thread, which holds the GVL and cannot touch the kernel objects. */
 void
 evt_loop_request(struct evt_loop *loop, VALUE first, VALUE second)
@@ -108,9 +131,8 @@ evt_loop_request(struct evt_loop *loop, VALUE first, VALUE second)
     evt_loop_wake(loop);
 }
 
-#if RUBY_API_VERSION_MAJOR < 4
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's buffers, public in 3.3 and 3.4 */
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's buffers (deprecated in 4.0, still there) */
 
 /* Another thread closes io while transfers of this loop may have the kernel read into or write from
  * the IO's own buffer (io_fillbuf reads into rbuf, io_fflush writes from wbuf). The close frees the
@@ -142,10 +164,20 @@ hand_over(struct evt_registration *reg, VALUE io, rb_io_buffer_t *buffer)
     buffer->off = buffer->len = buffer->capa = 0;
 }
 
+/* What the closing thread's own loops do (the other threads' loops always hear of it). */
+enum own_loops {
+    OWN_WAKE,      /* wake the waiters on io */
+    OWN_NONE,      /* nothing: Ruby 4.0 tells them itself */
+    OWN_WAKE_RUN,  /* Ruby 4.0, a blocking closer: wake them and let them run (the scheduler only) */
+};
+
 struct closing {
     VALUE io;
     int fd;
     VALUE thread;
+    enum own_loops own;
+    VALUE scheduler; /* the thread's */
+    VALUE yield_to;  /* OWN_WAKE_RUN: the thread's scheduler, whose woken fibers must leave now */
 };
 
 /* Under the list's lock (plain C): whether the loop has to hear of the close. */
@@ -155,11 +187,21 @@ must_hear(struct evt_loop *loop, void *ptr)
     struct closing *c = ptr;
     /* A closed selector has forgotten its waiters (and may be garbage not yet swept). */
     if (loop->forks != evt_forks || loop->selector == 2 || !knows(loop, c->io, c->fd)) return 0;
+    if (loop->thread == c->thread) return c->own != OWN_NONE;
     /* Another thread's loop, closed: no fiber waits in it and the kernel holds nothing of it. It is
      * also what a loop left behind by its thread is (Ruby closes a thread's scheduler when the
      * thread ends): garbage, perhaps, that the GC has not swept yet while the Ruby objects it holds
      * may be (its requests array): it must not be touched. */
-    return loop->thread == c->thread || loop->backend_data;
+    return loop->backend_data != NULL;
+}
+
+/* Ruby 4.0: whether the current fiber can let the loop run and come back (the loop's own fiber, or
+ * a fiber the loop runs, inside Fiber.blocking). */
+static int
+can_yield_to(struct evt_loop *loop)
+{
+    VALUE fiber = rb_fiber_current();
+    return !loop->selector && (fiber == loop->loop_fiber || (loop->running && fiber == loop->current));
 }
 
 static void
@@ -169,7 +211,17 @@ hear(struct evt_loop *loop, void *ptr)
     VALUE io = c->io;
     int fd = c->fd;
     if (loop->thread == c->thread) {
-        loop_close_io(loop, io, fd, 0);
+        if (c->own == OWN_WAKE) {
+            loop_close_io(loop, io, fd, 0);
+        }
+        else if (loop->self == c->scheduler && can_yield_to(loop)) {
+            /* OWN_WAKE_RUN: Ruby will wait, blocking the thread, for the fibers that wait on io to
+             * leave their waits, which they can do only if the loop runs. They are woken now and run
+             * before Ruby's close (evt_io_closing); a wait on io begun meanwhile ends at once (as for
+             * another thread's close, until Ruby has marked io closed). */
+            loop_close_io(loop, io, fd, 1);
+            c->yield_to = loop->self;
+        }
         return;
     }
     /* Another thread's loop: it wakes its fibers itself, as soon as it gets the GVL. First, its
@@ -188,17 +240,34 @@ hear(struct evt_loop *loop, void *ptr)
     evt_loop_request(loop, io, INT2FIX(fd));
 }
 
-/* IO#close from any thread of this process (Ruby 3.3 and 3.4: see close.c), before the descriptor
- * closes. Only this Ractor's loops: another Ractor's cannot know io, which is this Ractor's. */
+/* IO#close from any thread of this process, before the descriptor closes. Only this Ractor's loops:
+ * another Ractor's cannot know io, which is this Ractor's.
+ *
+ * Ruby 3.3 and 3.4 tell no scheduler: every loop that knows io hears of it here. Ruby 4.0 interrupts
+ * the fibers waiting on io through their own thread's scheduler (fiber_interrupt) and then waits for
+ * them, and calls io_close where the closer is a non-blocking fiber, whose loop wakes the rest there
+ * (evt_loop_descriptor_closing). Other threads' loops still hear of it here: a fiber of theirs may
+ * begin a wait on io while the close flushes, after Ruby has looked for waiters, which Ruby would
+ * leave in the kernel on a descriptor number soon reused (and, on io_uring, reading into the IO's
+ * buffer, which the close frees). So does the closer's own loop when the closer is a blocking fiber,
+ * for which Ruby's wait for the interrupted fibers blocks the whole thread: they could never run. */
 void
 evt_io_closing(VALUE io, int fd)
 {
-    struct closing c = {io, fd, rb_thread_current()};
+    struct closing c = {io, fd, rb_thread_current(), OWN_WAKE, rb_fiber_scheduler_get(), Qnil};
+#if RUBY_API_VERSION_MAJOR >= 4
+    /* With a scheduler, Ruby interrupts the thread's waiting fibers through it (none without: the
+     * loop is a selector driven by hand, or not the thread's scheduler, and Ruby knows of no wait in
+     * it), unless the closer is a blocking fiber, whose wait for them would never end. */
+    if (!NIL_P(c.scheduler)) c.own = NIL_P(rb_fiber_scheduler_current()) ? OWN_WAKE_RUN : OWN_NONE;
+#endif
     evt_ractor_each_loop(must_hear, hear, &c);
+    /* The thread's scheduler, which Ruby's close would block: its woken fibers leave their waits now
+     * (the loop's turn ends with this fiber, which it readies last). */
+    if (!NIL_P(c.yield_to)) rb_funcall(c.yield_to, rb_intern("kernel_sleep"), 1, INT2FIX(0));
 }
 
 #pragma GCC diagnostic pop
-#endif
 
 /* Serves the requests from other threads: the closes here, on the loop's thread, where the kernel
  * lets go of the file before the closer goes on; returns the rest (interrupts, which switch fibers:
@@ -225,9 +294,7 @@ evt_loop_serve_closes(struct evt_loop *loop)
 }
 
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's fields, public in 3.3 and 3.4 */
-
-#if RUBY_API_VERSION_MAJOR < 4
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's fields (deprecated in 4.0, still there) */
 
 /* The descriptor of an open IO, or -1. */
 static int
@@ -314,15 +381,11 @@ io_close_write(int argc, VALUE *argv, VALUE io)
     return rb_call_super(argc, argv);
 }
 
-#endif
-
-
 #pragma GCC diagnostic pop
 
 void
 evt_close_init(VALUE mEvt)
 {
-#if RUBY_API_VERSION_MAJOR < 4
     /* Evt::CloseWakesWaiters, prepended to IO once evt is loaded. */
     id_inline_offload = rb_intern("__evt_inline_offload");
     VALUE mClose = rb_define_module_under(mEvt, "CloseWakesWaiters");
@@ -336,5 +399,4 @@ evt_close_init(VALUE mEvt)
     VALUE mShutdown = rb_define_module_under(mEvt, "SocketShutdownWakesWaiters");
     rb_define_method(mShutdown, "close_read", io_close_read, -1);
     rb_define_method(mShutdown, "close_write", io_close_write, -1);
-#endif
 }

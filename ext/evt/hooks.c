@@ -323,9 +323,12 @@ loop_unblock(VALUE self, VALUE blocker, VALUE fiber)
 /*
  * io_close(fd) -> true or false
  *
- * Ruby 4.0 asks the scheduler to close a descriptor (after interrupting the fibers that waited on
- * its IO). With io_uring the close goes through the ring while the fiber waits; elsewhere close(2).
- * true: closed (Ruby does nothing more); false: it was not open, and Ruby's own close says so.
+ * Ruby 4.0 asks the scheduler to close a descriptor, once it has marked the IO closed and
+ * interrupted the fibers whose waits it knows of. The loop wakes the others (an IO.select, a wait
+ * begun while the close flushed) and lets go of what the kernel holds for fd, then closes it with
+ * close(2), at once: a close through io_uring would suspend the closer for a turn of the loop, which
+ * costs more than the call itself. true: closed (Ruby does nothing more); false: it was not open,
+ * and Ruby's own close says so.
  */
 static VALUE
 loop_io_close(VALUE self, VALUE fd_value)
@@ -333,20 +336,11 @@ loop_io_close(VALUE self, VALUE fd_value)
     struct evt_loop *loop = evt_loop_get(self);
     int fd = NUM2INT(fd_value);
     if (fd < 0) return Qfalse;
-    /* The waiters are gone (Ruby interrupted them): what the kernel still holds for fd goes too. */
+    evt_loop_descriptor_closing(loop, fd);
     struct evt_registration *reg = fd < loop->registrations_size ? loop->registrations[fd] : NULL;
     if (reg && !reg->events && loop->backend->release) loop->backend->release(loop, fd, reg);
-    long result = -ENOTSUP;
-    if (loop->backend->transfer) {
-        struct evt_op op = {.kind = EVT_OP_CLOSE, .fd = fd, .position = -1};
-        struct evt_wait wait;
-        evt_wait_op(&wait, loop, Qnil, &op, Qnil, -1);
-        evt_suspend(&wait);
-        result = op.result;
-    }
-    if (result == -ENOTSUP) result = close(fd) < 0 ? -errno : 0;
-    /* Any other error still released the descriptor (Linux): closing it again could hit another file. */
-    return result == -EBADF ? Qfalse : Qtrue;
+    /* Any error but EBADF still released the descriptor (Linux): closing it again could hit another file. */
+    return close(fd) < 0 && errno == EBADF ? Qfalse : Qtrue;
 }
 
 /*

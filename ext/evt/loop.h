@@ -323,6 +323,8 @@ NORETURN(void evt_raise_closed(void));
 /* IO#close from any thread of this process: wakes every fiber waiting on io (the object, not just
  * its descriptor) with EVT_CLOSED, before the descriptor is closed. */
 void evt_io_closing(VALUE io, int fd);
+/* Ruby 4.0's io_close(fd): wakes the waiters on fd whose IO Ruby has marked closed. */
+void evt_loop_descriptor_closing(struct evt_loop *loop, int fd);
 /* From another thread (holding the GVL): [io, fd] closed, or [fiber, exception] to raise. */
 void evt_loop_request(struct evt_loop *loop, VALUE first, VALUE second);
 /* Serves the closes among the requests; returns the rest (interrupts), or nil. */
