@@ -119,7 +119,8 @@ class CloseTest < Minitest::Test
 
   # The same with wait_readable: the second fiber, made ready by the same event as the first, finds
   # its IO closed when it runs, and raises as the close would have had it found the fiber waiting
-  # (a thread's wait is interrupted by the close the same way).
+  # (a thread's wait is interrupted by the close the same way). Ruby 4.0's close interrupts that
+  # fiber itself and waits until it has left its wait: its outcome comes first there.
   def test_wait_readable_woken_with_another_that_closes_the_io_raises
     r, w = IO.pipe
     outcomes = []
@@ -138,7 +139,7 @@ class CloseTest < Minitest::Test
       end
       Fiber.schedule { w.write("x") }
     end
-    assert_equal [:read, MESSAGE], outcomes
+    assert_equal RUBY_VERSION >= "4" ? [MESSAGE, :read] : [:read, MESSAGE], outcomes
   ensure
     w&.close
     replacements.flatten.each(&:close)

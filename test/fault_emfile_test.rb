@@ -170,7 +170,8 @@ class FaultEmfileTest < Minitest::Test
       Process.setrlimit(:NOFILE, soft, hard)
       puts during, outcome { #{after} }
     RUBY
-    output = IO.popen([RbConfig.ruby, "-I", LIB, "-e", script], err: %i[child out], &:read)
+    # (-W:no-experimental: Ruby 4.0 warns once that the IO::Buffer it hands io_read is experimental.)
+    output = IO.popen([RbConfig.ruby, "-W:no-experimental", "-I", LIB, "-e", script], err: %i[child out], &:read)
     assert_predicate $?, :success?, output
     output.lines.map(&:chomp)
   end

@@ -76,8 +76,10 @@ class FaultGCCompactTest < Minitest::Test
       end
 
       pipes.each_with_index { |(_, w), i| w.write(format("pipe%04d", i)) }
-      # Wait until every reader has taken its first half and waits for the rest.
-      sleep 0.001 until pipes.all? { |r, _| r.nread.zero? }
+      # Wait until every reader has taken its first half and waits for the rest: no pipe readable.
+      # (A blocking select looks without waiting; IO#nread is gone from Ruby 4.0's io/wait.)
+      readers = pipes.map(&:first)
+      sleep 0.001 while Fiber.blocking { IO.select(readers, nil, nil, 0) }
 
       compact
 

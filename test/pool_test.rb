@@ -247,10 +247,12 @@ class PoolTest < Minitest::Test
   def test_a_forked_child_starts_a_pool_of_its_own
     report = nil
     evt do
-      Fiber.scheduler.blocking_operation_wait(proc { nil }) # the parent's pool runs
+      scheduler = Fiber.scheduler
+      scheduler.blocking_operation_wait(proc { nil }) # the parent's pool runs
       r, w = IO.pipe
       pid = fork do
         r.close
+        Fiber.set_scheduler(scheduler) unless Fiber.scheduler # Ruby 4.0's child starts without one
         value = Fiber.scheduler.blocking_operation_wait(proc { Thread.current.name }) && :ran
         w.write("#{value} #{worker_threads}")
         w.close
