@@ -29,6 +29,7 @@ class HooksListTest < Minitest::Test
     this_ruby = %i[io_wait io_read io_write io_pread io_pwrite io_select kernel_sleep block unblock
                    timeout_after process_wait address_resolve fiber close]
     this_ruby << :blocking_operation_wait if RUBY_VERSION >= "3.4"
+    this_ruby.push(:io_close, :fiber_interrupt, :yield) if RUBY_VERSION >= "4"
     assert_empty this_ruby - Evt::HOOKS.keys
   end
 end

@@ -374,8 +374,53 @@ class HooksTest < Minitest::Test
     assert_equal "true", report
   end
 
-  # Scheduler#yield is not one of Ruby's hooks: Async's and Itsi's schedulers offer it, and Itsi's
-  # server calls it (test/itsi_test.rb). As sleep(0): the other ready fibers run first.
+  # Records what reaches io_write, then lets evt's own do it.
+  class WriteRecorder < Evt::Scheduler
+    def writes
+      @writes ||= []
+    end
+
+    def io_write(io, buffer, *arguments)
+      writes << buffer.get_string
+      super
+    end
+  end
+
+  # Ruby 4.0 flushes an IO's buffered data through io_write (ruby/ruby#15609); 3.3 and 3.4 write it
+  # themselves, waiting for room through io_wait. Either way a flush into a full pipe waits in the
+  # loop while the other fibers run (one drains the pipe here), and the data arrives whole.
+  def test_a_flush_into_a_full_pipe_waits_in_the_loop
+    r, w = IO.pipe
+    loop { break if w.write_nonblock("f" * 65_536, exception: false) == :wait_writable }
+    w.sync = false
+    scheduler = WriteRecorder.new
+    order = []
+    drained = +""
+    Timeout.timeout(10) do
+      Fiber.set_scheduler(scheduler)
+      Fiber.schedule do
+        w.write("tail") # buffered
+        w.flush
+        order << :flushed
+        w.close
+      end
+      Fiber.schedule do
+        order << :other
+        drained << r.read
+      end
+    ensure
+      Fiber.set_scheduler(nil)
+    end
+    assert_equal %i[other flushed], order
+    assert drained.end_with?("tail"), "the flushed data arrived"
+    assert_includes scheduler.writes, "tail", "Ruby 4.0 flushes through io_write" if RUBY_VERSION >= "4"
+  ensure
+    [r, w].each { |io| io&.close unless io&.closed? }
+  end
+
+  # Ruby 4.0's yield hook (Ruby calls it when a signal comes while a fiber is in a blocking
+  # operation), which Async's and Itsi's schedulers also offer, and Itsi's server calls
+  # (test/itsi_test.rb). As sleep(0): the other ready fibers run first.
   def test_yield_lets_the_other_ready_fibers_run_then_carries_on
     order = []
     evt do

@@ -20,9 +20,10 @@ module Evt
     io_write: Hook.new(call: "io_write(io, buffer, length, offset); 4.1: (io, buffer, offset, length)",
                        where: "C, io.c", rubies: "3.3+"),
     io_pread: Hook.new(call: "io_pread(io, buffer, from, length, offset); 4.1: (.., from, offset, length)",
-                       where: "C, io.c (the pure-Ruby loop leaves it to Ruby)", rubies: "3.3+"),
+                       where: "C, io.c (the pure-Ruby loop: from 4.0)", rubies: "3.3+"),
     io_pwrite: Hook.new(call: "io_pwrite(io, buffer, from, length, offset); 4.1: (.., from, offset, length)",
-                        where: "C, io.c, without the GVL (the pure-Ruby loop leaves it to Ruby)", rubies: "3.3+"),
+                        where: "C, io.c; 3.3 and 3.4 call it without the GVL (the pure-Ruby loop: from 4.0)",
+                        rubies: "3.3+"),
     io_select: Hook.new(call: "io_select(readables, writables, exceptables, timeout)", where: "C, hooks.c, no thread",
                         rubies: "3.3+"),
     kernel_sleep: Hook.new(call: "kernel_sleep(duration = nil)", where: "C, hooks.c", rubies: "3.3+"),
@@ -42,8 +43,11 @@ module Evt
     io_close: Hook.new(call: "io_close(fd)", where: "C, hooks.c: through the ring on io_uring", rubies: "4.0+"),
     fiber_interrupt: Hook.new(call: "fiber_interrupt(fiber, exception)",
                               where: "C, hooks.c, from any thread; a Fiber or a stand-in", rubies: "4.0+"),
+    yield: Hook.new(call: "yield", where: "scheduler.rb: lets the ready fibers run (as sleep(0))", rubies: "4.0+"),
   }.freeze
 
-  # The hooks Ruby itself performs when the pure-Ruby loop does not answer them.
-  RUBY_LOOP_LEAVES = %i[io_pread io_pwrite].freeze
+  # The hooks Ruby itself performs when the pure-Ruby loop does not answer them: io_pread and
+  # io_pwrite before Ruby 4.0, which calls io_pwrite without the GVL, where no Ruby code may run
+  # (both are on files, which never wait).
+  RUBY_LOOP_LEAVES = (RUBY_VERSION >= "4" ? [] : %i[io_pread io_pwrite]).freeze
 end

@@ -165,12 +165,14 @@ module Evt
       (@pool ||= WorkerPool.new(@pool_size)).run(work)
     end
 
-    # Not a hook Ruby calls: the method Async::Scheduler and Itsi::Scheduler give the code that drives
-    # a scheduler itself, to let the other fibers run for a moment. Itsi's server (itsi-server, with
-    # `fiber_scheduler "Evt::Scheduler"`) calls it from its request-pulling fiber whenever requests
-    # are still queued after a batch; without it the NoMethodError silently ended that fiber, and
-    # with it the server. As sleep(0): the ready fibers run and the loop looks at the kernel's events
-    # (without waiting) before this fiber carries on.
+    # Ruby 4.0's yield hook, which Ruby calls when a signal arrives while a fiber runs a blocking
+    # operation, so that a scheduler holding signals back (as async does) gets to look at them; also
+    # the method Async::Scheduler and Itsi::Scheduler give the code that drives a scheduler itself,
+    # to let the other fibers run for a moment. Itsi's server (itsi-server, with `fiber_scheduler
+    # "Evt::Scheduler"`) calls it from its request-pulling fiber whenever requests are still queued
+    # after a batch; without it the NoMethodError silently ended that fiber, and with it the server.
+    # As sleep(0): the ready fibers run and the loop looks at the kernel's events (without waiting)
+    # before this fiber carries on.
     # @return [nil]
     def yield
       kernel_sleep(0)
@@ -356,9 +358,8 @@ module Evt
     include SelectLoop
     prepend Scheduling # again: before the select loop's methods
 
-    # Ruby calls io_pwrite without the GVL, where no Ruby code may run; pread and pwrite are on
-    # files, which never wait, and Ruby does them itself when there is no hook.
-    %i[io_pread io_pwrite].each { |hook| undef_method(hook) if method_defined?(hook) }
+    # The hooks the pure-Ruby loop leaves to Ruby on this Ruby (see Evt::RUBY_LOOP_LEAVES).
+    RUBY_LOOP_LEAVES.each { |hook| undef_method(hook) if method_defined?(hook) }
 
     # @param backend [Symbol, String, nil] :select (the only one this class runs) or nil
     def initialize(backend: :select)

@@ -25,9 +25,10 @@ module Evt
   #
   # io_read and io_write are here too: without them Ruby 3.4 waits for a descriptor inside its own
   # blocking region (io.c's nogvl_wait_for calls io_wait there), where an IO#close from another
-  # fiber of the thread finds the waiter registered and breaks. io_pread and io_pwrite are not:
-  # Ruby 3.3 and 3.4 call io_pwrite without the GVL, where no Ruby code may run, and positioned
-  # transfers are on files, which never wait. As in ext/evt/io.c, every transfer is one primitive
+  # fiber of the thread finds the waiter registered and breaks. io_pread and io_pwrite only from
+  # Ruby 4.0, which calls io_pwrite with the GVL (ruby/ruby#15428): 3.3 and 3.4 call it without, where
+  # no Ruby code may run (positioned transfers are on files, which never wait, and Ruby does them
+  # itself there). As in ext/evt/io.c, every transfer is one primitive
   # (#transfer_single), under both conventions of the hooks: Ruby 3.3 to 4.0's (at least `length`
   # bytes) and Ruby 4.1's (one transfer, or -EAGAIN); io_read and io_write are this Ruby's, and the
   # private *_minimum and *_single methods, io_pread and io_pwrite's too, reach both on any Ruby.
@@ -434,6 +435,16 @@ module Evt
       def io_write(io, buffer, offset, length)
         io_write_single(io, buffer, offset, length)
       end
+
+      # As io_read, at file position +from+ (which does not move).
+      def io_pread(io, buffer, from, offset, length)
+        io_pread_single(io, buffer, from, offset, length)
+      end
+
+      # As io_write, at file position +from+ (which does not move).
+      def io_pwrite(io, buffer, from, offset, length)
+        io_pwrite_single(io, buffer, from, offset, length)
+      end
     else
       # Reads into the IO::Buffer at +offset+: at least +length+ bytes, end of file or an error
       # (+length+ 0: whatever one read gives; -EAGAIN only for read_nonblock, which must not wait).
@@ -446,6 +457,18 @@ module Evt
       # @return [Integer] bytes written, or -errno
       def io_write(io, buffer, length, offset)
         io_write_minimum(io, buffer, length, offset)
+      end
+
+      if RUBY_VERSION >= "4"
+        # As io_read, at file position +from+ (which does not move); -ESPIPE for a pipe or socket.
+        def io_pread(io, buffer, from, length, offset)
+          io_pread_minimum(io, buffer, from, length, offset)
+        end
+
+        # As io_write, at file position +from+ (which does not move).
+        def io_pwrite(io, buffer, from, length, offset)
+          io_pwrite_minimum(io, buffer, from, length, offset)
+        end
       end
     end
 
@@ -817,9 +840,8 @@ module Evt
       transfer_minimum(io, buffer, length, offset, from, IO::READABLE)
     end
 
-    # Ruby 3.3 to 4.0's io_pwrite: as io_write_minimum, at file position +from+. Not a public hook
-    # here (Ruby calls io_pwrite without the GVL, where no Ruby code may run), so it can share the
-    # primitive, which the C loop's cannot.
+    # Ruby 3.3 to 4.0's io_pwrite: as io_write_minimum, at file position +from+ (the hook on 4.0
+    # only: 3.3 and 3.4 call io_pwrite without the GVL, where no Ruby code may run).
     def io_pwrite_minimum(io, buffer, from, length, offset)
       return EINVAL if from.negative?
 

@@ -59,3 +59,28 @@ class SleepingBlockingScheduler < Scheduler
     true
   end
 end
+
+# Ruby 4.0's test_io_write_on_flush: every io_write is recorded (an IO's buffered data is flushed
+# through io_write there), then done by evt's own.
+class IOScheduler < Scheduler
+  def operations
+    @operations ||= []
+  end
+
+  def io_write(io, buffer, *arguments)
+    operations << [:io_write, io.fileno, buffer.get_string]
+    super
+  end
+end
+
+# Ruby 4.0's tests of errors from the hooks: every read fails with EBADF, every write with EINVAL,
+# and Ruby must raise them.
+class IOErrorScheduler < Scheduler
+  def io_read(*)
+    -Errno::EBADF::Errno
+  end
+
+  def io_write(*)
+    -Errno::EINVAL::Errno
+  end
+end
