@@ -43,6 +43,55 @@ class PoolTest < Minitest::Test
     assert_operator ticks, :>, 5, "the loop stood still while zlib ran"
   end
 
+  # Records the operations Ruby hands blocking_operation_wait.
+  class OperationRecorder < Evt::Scheduler
+    def operations
+      @operations ||= []
+    end
+
+    def blocking_operation_wait(work)
+      operations << work.class
+      super
+    end
+  end
+
+  # Ruby 4.0 hands a Fiber::Scheduler::BlockingOperation, not a Proc: run on a worker through Ruby's
+  # C API (Evt::BlockingOperation), and stopped the same way. A zlib stream interrupted by a timeout
+  # stops at once (its unblock function), the fiber raises (Zlib::DataError, as zlib has it without
+  # a scheduler too), and the worker serves the next one; a fiber interrupted while its operation
+  # waits behind it leaves without waiting for the worker.
+  def test_ruby_4_blocking_operations_are_run_and_cancelled_through_its_c_api
+    skip "Ruby #{RUBY_VERSION} hands blocking_operation_wait a Proc" unless RUBY_VERSION >= "4"
+    data = Random.new(2).bytes(1 << 20) * 64 # seconds of deflate at level 9
+    small = Random.new(3).bytes(1 << 16)
+    scheduler = OperationRecorder.new(pool_size: 1)
+    outcomes = {}
+    Timeout.timeout(30) do
+      Fiber.set_scheduler(scheduler)
+      Fiber.schedule do
+        Timeout.timeout(0.2) { Zlib::Deflate.deflate(data, Zlib::BEST_COMPRESSION) }
+        outcomes[:running] = :finished
+      rescue Timeout::Error, Zlib::Error
+        outcomes[:running] = :stopped
+      end
+      Fiber.schedule do # queued behind the first on the one worker
+        Timeout.timeout(0.05) { Zlib::Deflate.deflate(data) }
+        outcomes[:queued] = :finished
+      rescue Timeout::Error, Zlib::Error
+        outcomes[:queued] = [:stopped, outcomes[:running]] # before the first was stopped
+      end
+      Fiber.schedule do
+        sleep 0.3
+        outcomes[:next] = Zlib::Inflate.inflate(Zlib::Deflate.deflate(small)) == small
+      end
+    ensure
+      Fiber.set_scheduler(nil)
+    end
+    assert_equal({running: :stopped, queued: [:stopped, nil], next: true}, outcomes)
+    refute_includes scheduler.operations, Proc
+    refute_empty scheduler.operations
+  end
+
   def test_work_is_called_once_on_a_worker_thread
     calls = []
     evt do

@@ -317,4 +317,5 @@ Init_evt(void)
     evt_close_init(mEvt);
     evt_selector_init(mEvt, evt_cLoop);
     evt_socket_write_init(mEvt);
+    evt_blocking_init(mEvt);
 }

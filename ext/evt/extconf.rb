@@ -43,6 +43,9 @@ end
 have_func("ppoll", "poll.h")
 have_func("pipe2", "unistd.h")
 
+# Ruby 4.0's C API for blocking_operation_wait's operations (ext/evt/blocking.c).
+have_func("rb_fiber_scheduler_blocking_operation_extract", "ruby/fiber/scheduler.h")
+
 # io_uring through liburing (whatever the headers say, the kernel is probed at run time).
 have_library("uring", "io_uring_queue_init_params", "liburing.h") && have_header("liburing.h")
 

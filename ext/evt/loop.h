@@ -282,7 +282,8 @@ enum evt_outcome evt_suspend(struct evt_wait *wait);
  *   io.c       the IO hooks: io_wait and the transfers, one primitive under both interfaces
  *   hooks.c    the other scheduler hooks
  *   selector.c Evt::Selector: the same loop, driven by async (io-event's selector interface)
- *   evt.c      Evt::Loop's other methods, Init_evt */
+ *   evt.c      Evt::Loop's other methods, Init_evt
+ * and blocking.c, which knows no loop: Ruby 4.0's BlockingOperation for the worker pool. */
 
 /* waiters.c */
 struct evt_registration *evt_registration_get(struct evt_loop *loop, int fd, VALUE io);
@@ -357,6 +358,9 @@ VALUE evt_io_transfer_single(VALUE self, VALUE io, VALUE buffer, VALUE offset, V
 
 /* hooks.c */
 void evt_hooks_init(VALUE cLoop);
+
+/* blocking.c */
+void evt_blocking_init(VALUE mEvt);
 
 /* selector.c */
 void evt_selector_init(VALUE mEvt, VALUE cLoop);

@@ -11,9 +11,14 @@ module Evt
   #
   # The operation's state lives on the calling fiber's stack: the fiber never goes on while a worker
   # may still run it. Interrupted (Timeout, Fiber#raise, kill) before a worker took it, the
-  # operation is dropped; while it runs, the worker thread is interrupted (Thread#raise), which
-  # makes Ruby call the operation's unblock function (zlib and bignum stop early), and the fiber
-  # waits for the worker to return before it unwinds.
+  # operation is dropped; while it runs, it is told to stop (Ruby calls its unblock function: zlib
+  # and bignum stop early), and the fiber waits for the worker to return before it unwinds.
+  #
+  # Ruby 3.4 hands a Proc, which a worker calls (it releases the GVL itself); stopping it interrupts
+  # the worker thread (Thread#raise), which makes Ruby call the unblock function. Ruby 4.0 hands a
+  # Fiber::Scheduler::BlockingOperation, run and cancelled through Ruby's C API
+  # ({Evt::BlockingOperation}, ext/evt/blocking.c): its atomic state decides between a worker starting
+  # it and the fiber giving it up, and stopping it calls the unblock function from the loop's thread.
   #
   # Completions of short operations are batched while the pool is saturated. A fiber whose
   # operation took less than {SHORT} (likely one step of many: zlib offloads 16 KiB at a time) and
@@ -34,6 +39,10 @@ module Evt
     # One operation: queued, running (on +thread+), stopping (its fiber gave up on it while it ran),
     # cancelled (given up before it ran: never runs) or done.
     Job = Struct.new(:work, :state, :thread, :error, :done)
+
+    # Whether evt's build has the C API for Ruby 4.0's BlockingOperations (ext/evt/blocking.c).
+    NATIVE = defined?(Evt::BlockingOperation) ? true : false
+    private_constant :NATIVE
 
     # Seconds a finished operation's fiber may be kept waiting while the pool is saturated.
     BATCH_DELAY = 0.002
@@ -173,7 +182,7 @@ module Evt
 
           started = clock
           begin
-            Thread.handle_interrupt(Cancel => :immediate) { job.work.call }
+            Thread.handle_interrupt(Cancel => :immediate) { perform(job.work) }
           rescue Cancel
             nil
           rescue Exception => e # rubocop:disable Lint/RescueException -- handed to the fiber
@@ -183,6 +192,13 @@ module Evt
           flush_cancel
         end
       end
+    end
+
+    # Runs one operation here: Ruby 4.0's through the C API, without the GVL; 3.4's Proc by a call.
+    def perform(work)
+      return work.call if work.is_a?(Proc) || !NATIVE
+
+      BlockingOperation.execute(work)
     end
 
     def flush_cancel
@@ -198,13 +214,16 @@ module Evt
     # and a Fiber#raise or timeout may come), with its stack still in the worker's hands. It is
     # short: the operation was told to stop.
     def cancel(job)
+      native = NATIVE && !job.work.is_a?(Proc)
       running = @lock.synchronize do
         if job.state == :queued
           job.state = :cancelled
           false
         elsif job.state == :running
           job.state = :stopping # its fiber waits for it: not to be held
-          job.thread.raise(Cancel)
+          # A BlockingOperation is told to stop directly; if it had not started yet (the worker
+          # between taking it and running it), it never will.
+          native ? BlockingOperation.cancel(job.work) : job.thread.raise(Cancel)
           true
         end
       end
