@@ -16,7 +16,7 @@ module RactorWork
     raise e.cause, cause: nil
   end
 
-  # What +ractor+'s block returned (Ruby 3.5 has Ractor#value, 3.3 and 3.4 #take).
+  # What +ractor+'s block returned (Ruby 4.0 has Ractor#value, 3.3 and 3.4 #take).
   def answer(ractor)
     ractor.respond_to?(:value) ? ractor.value : ractor.take
   end
@@ -178,7 +178,7 @@ class RactorTest < Minitest::Test
 
   # Ruby 3.3 and 3.4 corrupt their fiber-stack pool when fibers start or end in two Ractors at
   # once, with or without a scheduler (test/support/ractor_fibers_crash.rb shows it; fixed in Ruby
-  # 3.5 by ruby/ruby#13466). Tests with loops in several Ractors at once run where that is fixed.
+  # 4.0 by ruby/ruby#13466). Tests with loops in several Ractors at once run where that is fixed.
   RUBY_FIBERS_IN_PARALLEL_RACTORS = Evt::Workers::PARALLEL_RACTOR_FIBERS
 
   def skip_unless_parallel_fibers

@@ -73,9 +73,9 @@ module Evt
 
     SIGNALS = %w[TERM INT HUP CHLD].freeze
 
-    # Whether this Ruby runs fibers in several Ractors at once (see the class's notes): 3.5 and
-    # later, or a build that has ruby/ruby#13466's fix, as EVT_PARALLEL_RACTORS=1 says.
-    PARALLEL_RACTOR_FIBERS = RUBY_VERSION >= "3.5" || ENV["EVT_PARALLEL_RACTORS"] == "1"
+    # Whether this Ruby runs fibers in several Ractors at once (see the class's notes): 4.0 and
+    # later, which have ruby/ruby#13466's fix.
+    PARALLEL_RACTOR_FIBERS = RUBY_VERSION >= "4"
 
     # @return [Integer] how many workers run at once
     attr_reader :count
@@ -92,7 +92,7 @@ module Evt
       count = ractors || count || Etc.nprocessors
       raise ArgumentError, "evt: #{ractors ? "ractors" : "count"} must be a positive Integer, not #{count.inspect}" unless count.is_a?(Integer) && count.positive?
       if ractors && ractors > 1 && !PARALLEL_RACTOR_FIBERS
-        raise ArgumentError, "evt: ractors: #{ractors} needs Ruby 3.5 or later: Ruby #{RUBY_VERSION} crashes with fibers " \
+        raise ArgumentError, "evt: ractors: #{ractors} needs Ruby 4.0 or later: Ruby #{RUBY_VERSION} crashes with fibers " \
                              "in two Ractors at once (ruby/ruby#13466); use count: #{ractors} for worker processes"
       end
 

@@ -4,7 +4,7 @@
 # (rb_vm_insns_count, for --yjit-stats; vm_insnhelper.h's JIT_COLLECT_USAGE_INSN), whether or not
 # YJIT runs. Ractors on different cores then fight over that one cache line: here two Ractors each
 # doing the same pure-Ruby work take three to four times as long as one, where two processes take as
-# long as one. Ruby 3.5 counts only in YJIT stats builds (ruby/ruby#12670). No fiber, no I/O, no evt.
+# long as one. Ruby 4.0 counts only in YJIT stats builds (ruby/ruby#12670). No fiber, no I/O, no evt.
 #
 #   ruby test/support/ractor_insns_counter.rb   # prints the wall time of each way
 Warning[:experimental] = false
@@ -21,7 +21,7 @@ clock = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) }
 [["1 Ractor", 1, :ractors], ["2 Ractors", 2, :ractors], ["2 processes", 2, :processes]].each do |label, count, kind|
   started = clock.call
   if kind == :ractors
-    Array.new(count) { Ractor.new(rounds) { |n| n.times { work } } }.each(&:take)
+    Array.new(count) { Ractor.new(rounds) { |n| n.times { work } } }.each { |r| r.respond_to?(:value) ? r.value : r.take }
   else
     Array.new(count) { fork { rounds.times { work } } }.each { |pid| Process.wait(pid) }
   end
