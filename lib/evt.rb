@@ -48,6 +48,23 @@ module Evt
 end
 
 module Evt
+  # Ruby releases with a bug of their own that evt's users meet: what it is, and what to take instead.
+  RUBY_BUGS = {
+    "3.4.10" => "3.4.9", "4.0.4" => "4.0.3", "4.0.5" => "4.0.3", "4.0.6" => "4.0.3",
+  }.transform_values do |before|
+    "a use-after-free in fiber switching (Ruby Bug #22196, fixed by ruby/ruby#17957): " \
+      "use #{before}, or a later release with the fix"
+  end.freeze
+
+  # The warning for Ruby +version+, or nil when evt knows of no bug of it.
+  def self.ruby_warning(version = RUBY_VERSION)
+    bug = RUBY_BUGS[version] or return
+    "evt: Ruby #{version} has #{bug}; a scheduler switches fibers all the time"
+  end
+end
+Evt.ruby_warning&.then { |message| warn message }
+
+module Evt
   autoload :Workers, File.expand_path("evt/workers", __dir__) # one event loop per core
 end
 

@@ -83,6 +83,24 @@ class PortableTest < Minitest::Test
   end
 
   # gem install runs extconf.rb and make: with no working compiler both must still succeed.
+  # The Ruby releases with a fiber-switching bug of their own get one warning at require "evt",
+  # naming the bug and what to take instead (a child plays such a release by its RUBY_VERSION).
+  def test_a_ruby_with_a_known_fiber_bug_is_named_once_at_require
+    %w[3.4.10 4.0.4 4.0.5 4.0.6].each do |version|
+      assert_match(/\Aevt: Ruby #{Regexp.escape(version)} has a use-after-free in fiber switching \(Ruby Bug #22196/,
+                   Evt.ruby_warning(version))
+    end
+    %w[3.3.8 3.4.5 3.4.9 4.0.0 4.0.3].each { |version| assert_nil Evt.ruby_warning(version), version }
+    _, err, status = run_ruby(<<~RUBY)
+      Object.send(:remove_const, :RUBY_VERSION)
+      RUBY_VERSION = "4.0.5"
+      require "evt"
+      require "evt"
+    RUBY
+    assert status.success?, err
+    assert_equal 1, err.lines.grep(/Bug #22196/).size, err
+  end
+
   def test_the_extension_build_without_a_compiler_succeeds_and_installs_nothing
     extconf = File.expand_path("../ext/evt/extconf.rb", __dir__)
     Dir.mktmpdir do |dir|
