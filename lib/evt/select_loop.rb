@@ -216,14 +216,40 @@ module Evt
       # closes (see evt_io_closing in close.c): the waiters on that IO object, in every select loop
       # that knows it, raise IOError. The block, if given, says whether the call closes the
       # descriptor at all; it is asked only when a loop knows +io+ (it may cost system calls).
+      #
+      # Ruby 4.0 interrupts the waiting fibers itself through the closing thread's scheduler,
+      # unless the closer is a blocking fiber (its wait for them would block the thread for ever:
+      # that scheduler's woken fibers run first here) or the thread has none; other threads' loops
+      # hear of it as on 3.x (a wait begun there while the close flushes).
       def closing(io)
         closes = nil
+        scheduler = Fiber.scheduler
+        own = own_loops(scheduler)
+        yield_to = nil
         loops.each_key do |loop|
           next unless loop.__send__(:knows?, io)
+          next if loop.__send__(:owned_here?) && own == :none
 
           closes = !block_given? || yield if closes.nil?
-          loop.__send__(:io_closing, io) if closes
+          next unless closes
+
+          if own == :wake_run && loop.__send__(:owned_here?)
+            next unless loop.equal?(scheduler) && loop.__send__(:can_yield?)
+
+            loop.__send__(:close_io, io, elsewhere: true)
+            yield_to = loop
+          else
+            loop.__send__(:io_closing, io)
+          end
         end
+        yield_to&.kernel_sleep(0) # the woken fibers leave their waits before Ruby's close waits for them
+      end
+
+      # What the closing thread's own loops do (see close.c's enum own_loops).
+      def own_loops(scheduler)
+        return :wake if RUBY_VERSION < "4" || scheduler.nil?
+
+        Fiber.current_scheduler ? :none : :wake_run
       end
 
       # Once +io+ is closed, the loops that still know it hear of it again: a fiber may have begun
@@ -282,8 +308,7 @@ module Evt
       def watch_closes
         return if IO.include?(ReadNonblockWatch)
 
-        # Ruby 4.0 wakes the waiters itself, through fiber_interrupt.
-        RUBY_VERSION < "4" ? IO.prepend(CloseWatch, ReadNonblockWatch) : IO.prepend(ReadNonblockWatch)
+        IO.prepend(CloseWatch, ReadNonblockWatch)
       end
     end
 
@@ -1357,6 +1382,17 @@ module Evt
     # Asked from any thread.
     def knows?(io)
       @forks == SelectLoop.forks && @watched.key?(io)
+    end
+
+    # Whether this loop belongs to the calling thread.
+    def owned_here?
+      Thread.current == @thread
+    end
+
+    # Whether the calling fiber can let this loop run and come back (as can_yield_to in close.c).
+    def can_yield?
+      current = Fiber.current
+      current == @loop_fiber || (@running.positive? && current == @current)
     end
 
     # IO#close of +io+ (see {.closing}), before the descriptor closes: on the loop's own thread its
