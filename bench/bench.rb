@@ -24,7 +24,7 @@ module Bench
   # Scenarios about evt's use of every core, with subjects of their own (evt configured two ways).
   CORE_SUBJECTS = {"blocking-ops" => ->(_cores) { %w[evt-pool-off evt-pool-on threads] },
                    "http-cpu" => ->(cores) { ["evt-workers-1", "evt-workers-#{cores}", "evt-ractors-1", "evt-ractors-#{cores}"] }}.freeze
-  PEERS = %w[blocking threads async-epoll async-uring carbon].freeze
+  PEERS = %w[blocking threads async-epoll async-uring carbon uringmachine].freeze
   # http-redis: the connections in the redis-client pool every server's requests share (unless
   # --redis-pool says otherwise), and the value they read (seeded before each run; every check GET
   # must get it back as the body). A check GET may wait REDIS_PROBE seconds: it queues for the pool
@@ -132,7 +132,7 @@ module Bench
   class Run
     def initialize(argv)
       @options = {quick: false, json: File.join(ROOT, "bench/results/latest.json"),
-                  svg: File.join(ROOT, "bench/results/latest.svg"), only: SCENARIOS, subjects: nil, duration: nil, repeat: 1}
+                  svg: File.join(ROOT, "bench/results/latest.svg"), only: SCENARIOS, subjects: nil, duration: nil, repeat: 1, yjit: false}
       begin
         parse(argv)
       rescue OptionParser::ParseError => e
@@ -150,7 +150,8 @@ module Bench
 
     def call
       subjects = available_subjects
-      note "evt bench: Ruby #{RUBY_VERSION}, #{@cores} cores, #{@options[:quick] ? "quick" : "full"} run"
+      note "evt bench: Ruby #{RUBY_VERSION}#{" with YJIT" if @options[:yjit]}, #{@cores} cores, " \
+           "#{@options[:quick] ? "quick" : "full"} run"
       note "server pinned to CPU 0 and load to CPU 1" if @cores >= 2
       @descriptors = descriptor_limit
       note @descriptors[:note]
@@ -204,6 +205,9 @@ module Bench
 
           @options[:redis_pool] = n
         end
+        o.on("--yjit", "run every Ruby subject with YJIT (--yjit), as production Ruby usually runs") do
+          @options[:yjit] = true
+        end
         o.on("--repeat N", Integer, "run each scenario N times, the subjects taking turns, and show each",
              "subject's median run (by the scenario's metric); every run's figure is kept") do |n|
           raise OptionParser::InvalidArgument, "repeat must be positive" unless n.positive?
@@ -226,6 +230,7 @@ module Bench
       async = async_problems
       subjects += %w[async-epoll async-uring].map { |name| [name, async[name]] }
       subjects << ["carbon", carbon_problem]
+      subjects << ["uringmachine", uringmachine_problem]
       if @options[:subjects]
         unknown = @options[:subjects] - subjects.map(&:first) - CORE_SUBJECTS.values.flat_map { |names| names.call(@cores) } -
                   FALCON_SUBJECTS
@@ -284,6 +289,17 @@ module Bench
       return nil if status.success?
 
       "Carbon Fiber does not run here: #{err.lines.grep(/Error|error|abort|fallback/).first&.strip || err.lines.last&.strip}"
+    end
+
+    # uringmachine's fiber scheduler (UringMachine::FiberScheduler): Ruby 4.0 or later, io_uring.
+    def uringmachine_problem
+      return "uringmachine needs Ruby 4.0 or later" if RUBY_VERSION < "4"
+
+      check = 'require "uringmachine"; require "uringmachine/fiber_scheduler"; UM::FiberScheduler.new(UM.new)'
+      _, err, status = Open3.capture3(bench_env, *ruby, "-rbundler/setup", "-e", check)
+      return nil if status.success?
+
+      "uringmachine does not run here: #{err.lines.grep(/Error|error/).first&.strip || err.lines.last&.strip}"
     end
 
     # The app variants a scenario runs each subject with (falcon's apps), or [nil].
@@ -1159,7 +1175,7 @@ module Bench
     # The JSON holds every scenario; the chart every one but soak, whose rows over time are no bar.
     # A run with nothing to chart leaves the chart file as it was. Returns the files written.
     def write_outputs
-      document = {ruby: RUBY_VERSION, cores: @cores, date: Time.now.utc.strftime("%Y-%m-%d"),
+      document = {ruby: RUBY_VERSION, yjit: @options[:yjit], cores: @cores, date: Time.now.utc.strftime("%Y-%m-%d"),
                   run: @options[:quick] ? "quick" : "full", http_duration_s: @size[:duration],
                   connections: @connections, descriptor_limit: @descriptors.slice(:before, :after), results: @results}
       document[:soak_duration_s] = @size[:soak] if @options[:only].include?("soak")
@@ -1175,7 +1191,7 @@ module Bench
     # ---- helpers -------------------------------------------------------------------------------
 
     def ruby
-      [RbConfig.ruby, "-I#{ROOT}/lib"]
+      [RbConfig.ruby, *("--yjit" if @options[:yjit]), "-I#{ROOT}/lib"]
     end
 
     # Every server and wrk inherit this process's descriptor limit: raised, up to the hard limit
@@ -1204,7 +1220,7 @@ module Bench
 
     # async's gems come from the Gemfile's optional :bench group; everything else needs only lib/.
     def ruby_for(subject)
-      subject.start_with?("async-") || subject == "carbon" ? [*ruby, "-rbundler/setup"] : ruby
+      subject.start_with?("async-") || %w[carbon uringmachine].include?(subject) ? [*ruby, "-rbundler/setup"] : ruby
     end
 
     # The line of a failed process's stderr that says what went wrong.

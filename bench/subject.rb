@@ -7,6 +7,7 @@
 #   async-epoll     the async gem on io-event's EPoll selector
 #   async-uring     the async gem on io-event's URing selector
 #   carbon          Carbon Fiber's scheduler (the carbon_fiber gem; Ruby >= 3.4, io_uring)
+#   uringmachine    uringmachine's fiber scheduler (the uringmachine gem; Ruby >= 4.0, io_uring)
 #
 # `blocking` and `threads` have no scheduler; scenarios handle them in their own way.
 module Bench
@@ -14,7 +15,7 @@ module Bench
     module_function
 
     def fibers?(subject)
-      subject.start_with?("evt-", "async-") || subject == "carbon"
+      subject.start_with?("evt-", "async-") || %w[carbon uringmachine].include?(subject)
     end
 
     # Runs the block on the subject's scheduler until every fiber it scheduled has finished.
@@ -27,9 +28,8 @@ module Bench
         ENV["IO_EVENT_SELECTOR"] = Regexp.last_match(1) == "epoll" ? "EPoll" : "URing"
         require "async"
         Async(&block).wait
-      when "carbon"
-        require "carbon_fiber"
-        Fiber.set_scheduler(CarbonFiber::Scheduler.new)
+      when "carbon", "uringmachine"
+        Fiber.set_scheduler(peer_scheduler(subject))
         begin
           Fiber.schedule(&block)
         ensure
@@ -37,6 +37,18 @@ module Bench
         end
       else
         raise ArgumentError, "#{subject} has no scheduler"
+      end
+    end
+
+    # A Fiber Scheduler of a peer that runs as one (set, then unset to run the loop to its end).
+    def peer_scheduler(subject)
+      if subject == "carbon"
+        require "carbon_fiber"
+        CarbonFiber::Scheduler.new
+      else
+        require "uringmachine"
+        require "uringmachine/fiber_scheduler"
+        UM::FiberScheduler.new(UM.new)
       end
     end
 
