@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "rbconfig"
+
 begin
   require "io/nonblock"
 rescue LoadError
@@ -35,6 +37,16 @@ module Evt
   # Processes are waited for on a thread. Every wait allocates a few objects.
   module SelectLoop
     BACKENDS = [:select].freeze
+
+    # This Ruby's scheduler interface (RUBY_FIBER_SCHEDULER_VERSION, which the C loop binds at compile
+    # time and Ruby code cannot see): from the header Ruby installed, where there is one; else 4 from
+    # Ruby 4.1, the first with interface 4 (a 4.1 development build may still have 3).
+    INTERFACE = begin
+      header = File.join(RbConfig::CONFIG["rubyhdrdir"], "ruby", "fiber", "scheduler.h")
+      Integer(File.read(header)[/^#define RUBY_FIBER_SCHEDULER_VERSION (\d+)/, 1])
+    rescue StandardError
+      RUBY_VERSION >= "4.1" ? 4 : 3
+    end
     EVENTS = IO::READABLE | IO::PRIORITY | IO::WRITABLE
     FOREVER = 2**61 # nanoseconds: longer timeouts are this one (73 years), as in C
 
@@ -446,9 +458,8 @@ module Evt
       result.positive? ? result : false
     end
 
-    # io_read and io_write in this Ruby's convention, as the C loop binds them at compile time. Ruby
-    # code cannot see RUBY_FIBER_SCHEDULER_VERSION: Ruby 4.1 is the first with interface 4.
-    if RUBY_VERSION >= "4.1"
+    # io_read and io_write in this Ruby's convention (INTERFACE), as the C loop binds them at compile time.
+    if INTERFACE >= 4
       # Reads into the IO::Buffer at +offset+ once, at most +length+ bytes; never waits.
       # @return [Integer] bytes read (0: end of file), or -errno (-EAGAIN: nothing ready)
       def io_read(io, buffer, offset, length)
