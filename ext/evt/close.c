@@ -311,6 +311,7 @@ is_socket(int fd)
     return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
+#if RUBY_API_VERSION_MAJOR < 4
 static ID id_inline_offload;
 
 struct super_call {
@@ -331,11 +332,13 @@ inline_offload_end(VALUE unused)
     rb_thread_local_aset(rb_thread_current(), id_inline_offload, Qnil);
     return Qnil;
 }
+#endif
 
 /* IO#close: the waiters on this IO, and on the IO its writes go to (IO.popen's), first. Ruby 3.4
  * then hands close(2) to the scheduler's blocking_operation_wait; on a worker thread that would
  * cost two thread switches per close for a call that returns at once (sockets, pipes), so a
- * fiber-local flag asks Evt::Scheduling#blocking_operation_wait to run it here. */
+ * fiber-local flag asks Evt::Scheduling#blocking_operation_wait to run it here. (Ruby 4.0 closes
+ * through io_close instead.) */
 static VALUE
 io_close(int argc, VALUE *argv, VALUE io)
 {
@@ -348,9 +351,13 @@ io_close(int argc, VALUE *argv, VALUE io)
         int write_fd = write_io ? open_descriptor(write_io, &write_fptr) : -1;
         if (write_fd >= 0) evt_io_closing(write_io, write_fd);
     }
+#if RUBY_API_VERSION_MAJOR >= 4
+    return rb_call_super(argc, argv);
+#else
     struct super_call call = {argc, argv};
     rb_thread_local_aset(rb_thread_current(), id_inline_offload, Qtrue);
     return rb_ensure(call_super, (VALUE)&call, inline_offload_end, Qnil);
+#endif
 }
 
 /* IO#close_read (and BasicSocket's): a socket is shut down, which wakes its readers with end of
@@ -387,7 +394,9 @@ void
 evt_close_init(VALUE mEvt)
 {
     /* Evt::CloseWakesWaiters, prepended to IO once evt is loaded. */
+#if RUBY_API_VERSION_MAJOR < 4
     id_inline_offload = rb_intern("__evt_inline_offload");
+#endif
     VALUE mClose = rb_define_module_under(mEvt, "CloseWakesWaiters");
     rb_define_method(mClose, "close", io_close, -1);
     rb_define_method(mClose, "close_read", io_close_read, -1);
