@@ -48,6 +48,11 @@ module Bench
   # stops answering fails its row rather than hanging it or passing with a few requests.
   FALCON_PROBE = 2
   HZ = Etc.sysconf(Etc::SC_CLK_TCK)
+  # Each scenario's figure (lower is better): what --repeat takes the median run by, and the ratios use.
+  METRICS = {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "http-redis" => :cpu_us_per_req,
+             "pipe-pingpong" => :seconds, "big-reads" => :cpu_seconds, "write-pieces" => :split_ms, "timers" => :seconds,
+             "idle-connections" => :rss_mb, "close-waiters" => :close_avg_us, "blocking-ops" => :seconds,
+             "http-cpu" => :cpu_us_per_req, "falcon" => :cpu_us_per_req}.freeze
   # close-waiters: seconds one point may take (a few at most; a scheduler can hang in close itself).
   CLOSE_WAITERS_LIMIT = 60
 
@@ -973,9 +978,7 @@ module Bench
 
     # What each scenario is judged by: lower is better for all of them.
     def metric(scenario)
-      {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "http-redis" => :cpu_us_per_req, "pipe-pingpong" => :seconds, "big-reads" => :cpu_seconds, "write-pieces" => :split_ms,
-       "timers" => :seconds, "idle-connections" => :rss_mb, "close-waiters" => :close_avg_us,
-       "blocking-ops" => :seconds, "http-cpu" => :cpu_us_per_req, "falcon" => :cpu_us_per_req}.fetch(scenario)
+      METRICS.fetch(scenario)
     end
 
     def add_ratios(scenario)
