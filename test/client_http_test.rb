@@ -8,6 +8,7 @@ require_relative "support/http_peer"
 begin
   require "excon"
   require "httpx"
+  require "evt/httpx"
 rescue LoadError => e
   HTTP_GEMS_MISSING = e.message
 end
@@ -195,5 +196,45 @@ class ClientHttpTest < Minitest::Test
     assert_kind_of Excon::Error::Timeout, errors[:excon]
     assert_kind_of HTTPX::TimeoutError, errors[:httpx]
     assert_operator took, :<, 2.5, "the timeouts of 0.2 s took #{took} s"
+  end
+
+  # Fibers sharing one session, each GET answered after 50 ms with `Connection: close` (httpx asks
+  # for it on a session that is not persistent, so the requests take turns on one connection).
+  # [statuses, seconds]; every fiber's session has +operation_timeout+.
+  def shared_session(plugin, fibers:, operation_timeout:)
+    server = peer(delay: 0.05, close: true)
+    session = HTTPX.plugin(plugin).with(timeout: {operation_timeout: operation_timeout})
+    statuses = []
+    took = elapsed do
+      evt { fibers.times { Fiber.schedule { statuses << session.get(url(server)).status } } }
+    end
+    [statuses, took]
+  end
+
+  # evt/httpx's plugin: every fiber returns once the requests before it have, on every Ruby and
+  # backend (without it, see the next test).
+  def test_httpx_session_shared_by_fibers_with_evt_fiber_concurrency
+    gems!
+    statuses, took = shared_session(:evt_fiber_concurrency, fibers: 10, operation_timeout: 30)
+    assert_equal [200] * 10, statuses
+    assert_operator took, :<, 10, "ten requests of 50 ms, one after another, took #{took} s"
+  end
+
+  # httpx's own plugin: the first fiber, woken first when the shared socket becomes readable (evt
+  # resumes the fibers waiting on an IO in the order they began to wait), reads its answer and the
+  # server's close, and closes its session while the second fiber's request is back in the
+  # connection's queue: httpx's selector then sleeps out the operation timeout (README, "Databases,
+  # caches and HTTP clients on evt"). On Ruby 4.0 the close of the socket waits for the second
+  # fiber to leave its wait, and it sends its request again before the first goes on.
+  def test_httpx_session_shared_by_fibers_without_the_fix_sleeps_its_operation_timeout_before_ruby_4
+    gems!
+    statuses, took = shared_session(:fiber_concurrency, fibers: 2, operation_timeout: 1.5)
+    assert_equal [200] * 2, statuses
+    if RUBY_VERSION < "4"
+      assert_operator took, :>=, 1.4, "httpx no longer sleeps its operation timeout here: " \
+                                      "if httpx has the fix, lib/evt/httpx.rb may go"
+    else
+      assert_operator took, :<, 1.4, "two requests of 50 ms took #{took} s on Ruby #{RUBY_VERSION}"
+    end
   end
 end
