@@ -141,9 +141,14 @@ module EvtTest
       end
     end
 
-    # After the tests (an at_exit here would run before minitest's own, which runs them), and only
-    # in the process that started the servers (a forked child inherits the hook).
+    # After the tests (an at_exit here would run before minitest's own, which runs them), or at the
+    # exit of a process without minitest (bin/bench), and only in the process that started the
+    # servers (a forked child inherits the hook).
     owner = Process.pid
-    Minitest.after_run { stop_all if Process.pid == owner }
+    if defined?(Minitest)
+      Minitest.after_run { stop_all if Process.pid == owner }
+    else
+      at_exit { stop_all if Process.pid == owner }
+    end
   end
 end
