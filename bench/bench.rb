@@ -14,11 +14,12 @@ require "timeout"
 require "tmpdir"
 require_relative "chart"
 require_relative "soak"
+require_relative "rails"
 
 module Bench
   ROOT = File.expand_path("..", __dir__)
   SCENARIOS = %w[http-keepalive http-close http-redis pipe-pingpong big-reads write-pieces timers idle-connections
-                 close-waiters blocking-ops http-cpu falcon].freeze
+                 close-waiters blocking-ops http-cpu falcon rails].freeze
   # Scenarios that run only when --only names them: soak takes 10 minutes per backend.
   ON_REQUEST = %w[soak].freeze
   # Scenarios about evt's use of every core, with subjects of their own (evt configured two ways).
@@ -52,7 +53,8 @@ module Bench
   METRICS = {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "http-redis" => :cpu_us_per_req,
              "pipe-pingpong" => :seconds, "big-reads" => :cpu_seconds, "write-pieces" => :split_ms, "timers" => :seconds,
              "idle-connections" => :rss_mb, "close-waiters" => :close_avg_us, "blocking-ops" => :seconds,
-             "http-cpu" => :cpu_us_per_req, "falcon" => :cpu_us_per_req}.freeze
+             "http-cpu" => :cpu_us_per_req, "falcon" => :cpu_us_per_req,
+             "rails" => :cpu_us_per_req}.freeze
   # close-waiters: seconds one point may take (a few at most; a scheduler can hang in close itself).
   CLOSE_WAITERS_LIMIT = 60
 
@@ -135,6 +137,8 @@ module Bench
 
   # One benchmark run: options in, tables on stdout, JSON and SVG out.
   class Run
+    include RailsScenario
+
     def initialize(argv)
       @options = {quick: false, json: File.join(ROOT, "bench/results/latest.json"),
                   svg: File.join(ROOT, "bench/results/latest.svg"), only: SCENARIOS, subjects: nil, duration: nil, repeat: 1, yjit: false}
@@ -165,7 +169,7 @@ module Bench
         note "== #{scenario}"
         own = subjects_for(scenario, subjects)
         variants(scenario).each do |app|
-          note "  -- #{FALCON_APPS.fetch(app)}" if app
+          note "  -- #{scenario == "rails" ? RailsScenario::APPS.fetch(app)[1] : FALCON_APPS.fetch(app)}" if app
           @results.concat(measure_rounds(scenario, own, app))
         end
         add_ratios(scenario) unless scenario == "soak"
@@ -185,6 +189,7 @@ module Bench
         o.on("--svg FILE", "write the chart here (bench/results/latest.svg)") { |f| @options[:svg] = File.expand_path(f) }
         o.on("--only SCENARIO[,..]", Array, "scenarios: #{SCENARIOS.join(", ")} (all of them by default);",
              "falcon: Falcon and Itsi serving a Rack app (hello; sleep 1 ms) on io-event's selectors and evt's;",
+             "rails: a Rails app (a 50 ms query; an instant answer) under Puma, and Falcon on io-event's and evt's;",
              "soak runs only when named here: mixed load for 10 minutes on each C backend (30 s with --quick)") do |list|
           unknown = list - SCENARIOS - ON_REQUEST
           raise OptionParser::InvalidArgument, "unknown scenario #{unknown.join(", ")}" unless unknown.empty?
@@ -238,7 +243,7 @@ module Bench
       subjects << ["uringmachine", uringmachine_problem]
       if @options[:subjects]
         unknown = @options[:subjects] - subjects.map(&:first) - CORE_SUBJECTS.values.flat_map { |names| names.call(@cores) } -
-                  FALCON_SUBJECTS
+                  FALCON_SUBJECTS - rails_subject_names
         abort "bin/bench: unknown subject #{unknown.join(", ")}; subjects: #{subjects.map(&:first).join(", ")}" if unknown.any?
         subjects.select! { |name, _| @options[:subjects].include?(name) }
       end
@@ -249,6 +254,7 @@ module Bench
     def subjects_for(scenario, subjects)
       return soak_subjects if scenario == "soak"
       return falcon_subjects if scenario == "falcon"
+      return rails_subjects if scenario == "rails"
 
       own = CORE_SUBJECTS[scenario] or return subjects
       names = own.call(@cores)
@@ -309,7 +315,11 @@ module Bench
 
     # The app variants a scenario runs each subject with (falcon's apps), or [nil].
     def variants(scenario)
-      scenario == "falcon" ? FALCON_APPS.keys : [nil]
+      case scenario
+      when "falcon" then FALCON_APPS.keys
+      when "rails" then RailsScenario::APPS.keys
+      else [nil]
+      end
     end
 
     # A scenario's rows for one app: each subject measured --repeat times, in rounds (every subject
@@ -356,6 +366,7 @@ module Bench
                   when "blocking-ops" then blocking_ops(subject)
                   when "http-cpu" then http_cpu(subject)
                   when "falcon" then falcon(subject, app)
+                  when "rails" then rails(subject, app)
                   end
         row.merge(figures)
       end
@@ -371,7 +382,7 @@ module Bench
       if scenario == "http-cpu" && subject.start_with?("evt-ractors-") && Integer(subject[/\d+\z/]) > 1 && !parallel_ractors?
         return "Ruby #{RUBY_VERSION} crashes with fibers in two Ractors at once (ruby/ruby#13466)"
       end
-      return nil if scenario.start_with?("http-") || CORE_SUBJECTS.key?(scenario) || scenario == "falcon"
+      return nil if scenario.start_with?("http-") || CORE_SUBJECTS.key?(scenario) || %w[falcon rails].include?(scenario)
       return "an HTTP server only" if subject == "c-epoll"
       return "one thread cannot block on several readers" if scenario == "close-waiters" && subject == "blocking"
       return "one thread cannot serve and read at once" if scenario == "big-reads" && subject == "blocking"
@@ -983,6 +994,7 @@ module Bench
 
     def add_ratios(scenario)
       return add_falcon_ratios if scenario == "falcon"
+      return add_rails_ratios if scenario == "rails"
 
       key = metric(scenario)
       rows = @results.select { |r| r[:scenario] == scenario && r[key] }
@@ -1029,6 +1041,7 @@ module Bench
 
     def print_table(scenario)
       return print_falcon if scenario == "falcon"
+      return print_rails if scenario == "rails"
       return print_close_waiters if scenario == "close-waiters"
       return print_soak if scenario == "soak"
 
@@ -1081,19 +1094,27 @@ module Bench
     # A table per app; a failed row shows the start of its server's stderr.
     def print_falcon
       columns = [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
-                 [:errors, "errors", "%d"], [:vs_io_event, "x io-event", "%.2f"], [:rps_vs_io_event, "req/s x i-e", "%.2f"]]
-      FALCON_APPS.each do |app, title|
-        rows = @results.select { |r| r[:scenario] == "falcon" && r[:app] == app }
+                 [:errors, "errors", "%d"], [:vs_io_event, "x io-event", "%.2f"], [:rps_vs_io_event, "req/s x i-e", "%.2f"],
+                 [:loop, "loop", "%s"]]
+      titles = FALCON_APPS.to_h { |app, title| [app, "falcon (#{title}) (#{description("falcon")}; lower cpu_us_per_req is better)"] }
+      print_app_tables("falcon", titles, columns, NOTES["falcon"])
+    end
+
+    # The falcon and rails scenarios: a table per app (+titles+: app => heading), +columns+ as
+    # [key, title, format]; a failed row shows the start of its server's stderr.
+    def print_app_tables(scenario, titles, columns, note)
+      titles.each do |app, heading|
+        rows = @results.select { |r| r[:scenario] == scenario && r[:app] == app }
         next if rows.empty?
 
         puts
-        puts "falcon (#{title}) (#{description("falcon")}; lower cpu_us_per_req is better)"
-        puts format("%-17s", "subject") + columns.map { |_, name, _| format(" %11s", name) }.join + "  loop"
+        puts heading
+        puts format("%-20s", "subject") + columns.map { |_, name, _| format(" %12s", name) }.join
         rows.each do |row|
-          line = format("%-17s", row[:subject])
+          line = format("%-20s", row[:subject])
           line += if row[:skipped] then "  n/a: #{row[:skipped]}"
                   elsif row[:error] then "  FAILED: #{row[:error]}"
-                  else columns.map { |key, _, fmt| format(" %11s", cell(row[key], fmt)) }.join + "  #{row[:loop]}"
+                  else columns.map { |key, _, fmt| format(" %12s", cell(row[key], fmt)) }.join
                   end
           puts line
           next unless row[:error] && row[:stderr_file]
@@ -1103,7 +1124,7 @@ module Bench
         end
         print_repeats(rows, :cpu_us_per_req)
       end
-      puts NOTES["falcon"]
+      puts note
       $stdout.flush
     end
 
@@ -1164,6 +1185,7 @@ module Bench
       when "blocking-ops" then "#{@size[:deflates]} fibers each deflating #{@size[:deflate_mib]} MiB with Zlib"
       when "http-cpu" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive, 0.5 ms of Ruby per request"
       when "falcon" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s --timeout #{FALCON_PROBE}s, keep-alive"
+      when "rails" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s --timeout #{RailsScenario::TIMEOUT}s, keep-alive"
       when "soak"
         "#{@size[:soak]} s of mixed load on one server per C backend, one backend at a time: " \
           "#{SOAK_LOAD.map { |c, headers| "wrk -t1 -c#{c} #{headers.empty? ? "keep-alive" : "Connection: close"}" }.join(" and ")} " \

@@ -15,7 +15,8 @@ module Bench
                "close-waiters" => [:close_avg_us, "µs per IO#close with a reader waiting, at the largest N"],
                "blocking-ops" => [:seconds, "seconds"],
                "http-cpu" => [:cpu_us_per_req, "CPU µs per request, every worker counted"],
-               "falcon" => [:cpu_us_per_req, "server CPU µs per request"]}.freeze
+               "falcon" => [:cpu_us_per_req, "server CPU µs per request"],
+               "rails" => [:cpu_us_per_req, "server CPU µs per request"]}.freeze
     WIDTH = 960
     LABEL = 120
     BAR = 520
@@ -23,6 +24,12 @@ module Bench
 
     def initialize(document)
       @document = document
+    end
+
+    # The falcon and rails scenarios' apps by their titles, where bin/bench is loaded.
+    def app_title(scenario, app)
+      titles = scenario == "rails" ? (RailsScenario::APPS.transform_values { _1[1] } if defined?(RailsScenario)) : (FALCON_APPS if defined?(FALCON_APPS))
+      titles ? titles.fetch(app, app) : app
     end
 
     def to_svg
@@ -36,7 +43,7 @@ module Bench
       # A panel per scenario, and per app where a scenario has several (falcon).
       @document[:results].group_by { |r| [r[:scenario], r[:app]] }.each do |(scenario, app), rows|
         key, unit = METRICS.fetch(scenario)
-        title = app ? "#{scenario} (#{defined?(FALCON_APPS) ? FALCON_APPS.fetch(app, app) : app})" : scenario
+        title = app ? "#{scenario} (#{app_title(scenario, app)})" : scenario
         body << text(16, y + 14, "#{title}: #{unit}", size: 13, weight: "bold")
         y += 22
         max = rows.filter_map { |r| r[key] }.max.to_f
