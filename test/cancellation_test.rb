@@ -133,24 +133,8 @@ class CancellationTest < Minitest::Test
       end
       puts outcomes.uniq.inspect
     RUBY
-    out, status = run_child(script)
+    out, status = run_ruby(script, limit: 30)
     assert status&.success?, status ? "the child died (#{status.inspect})" : "the child hung: killed after 30 s"
     assert_equal "[:left]\n", out
-  end
-
-  # Runs +script+ in a new Ruby: what it printed, and how it ended (nil: still running after
-  # +limit+ seconds, then killed; a thread inside it could not have ended it without the GVL).
-  def run_child(script, limit: 30)
-    IO.popen([RbConfig.ruby, "-W:no-experimental", "-I", File.expand_path("../lib", __dir__), "-e", script],
-             err: %i[child out]) do |child|
-      reader = Thread.new { child.read }
-      if reader.join(limit)
-        Process.wait(child.pid)
-        [reader.value, $?]
-      else
-        Process.kill(:KILL, child.pid)
-        [reader.value, nil]
-      end
-    end
   end
 end

@@ -94,7 +94,7 @@ class InterruptibleTest < Minitest::Test
   RUBY
 
   def test_every_kernel_wait_ends_on_thread_raise_timeout_and_signals
-    output, status = run_child
+    output, status = run_ruby(SCRIPT, limit: LIMIT)
     refute_nil status, "the child was still running after #{LIMIT} s: a wait held its thread:\n#{output}"
     assert status.success?, "the child failed (#{status.inspect}):\n#{output}"
     lines = output.lines.map(&:chomp).grep(/: /).to_h { |line| line.split(": ", 2) }
@@ -104,20 +104,5 @@ class InterruptibleTest < Minitest::Test
     end
     assert_equal "Stop", lines["main signal"], output
     assert_equal "Stop", lines["selector raise"], output if Evt.extension? && !SELECT
-  end
-
-  # The script's output and how it ended (nil: killed after LIMIT seconds).
-  def run_child
-    IO.popen([RbConfig.ruby, "-W:no-experimental", "-I", File.expand_path("../lib", __dir__), "-e", SCRIPT],
-             err: %i[child out]) do |child|
-      reader = Thread.new { child.read }
-      if reader.join(LIMIT)
-        Process.wait(child.pid)
-        [reader.value, $?]
-      else
-        Process.kill(:KILL, child.pid)
-        [reader.value, nil]
-      end
-    end
   end
 end

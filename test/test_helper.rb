@@ -34,6 +34,22 @@ module EvtTest
     Dir.children("/proc/self/fd").size
   end
 
+  # Runs +script+ in a new Ruby with evt's lib: what it printed (stdout and stderr), and how it
+  # ended (nil: still running after +limit+ seconds, then killed).
+  def run_ruby(script, limit:)
+    IO.popen([RbConfig.ruby, "-W:no-experimental", "-I", File.expand_path("../lib", __dir__), "-e", script],
+             err: %i[child out]) do |child|
+      reader = Thread.new { child.read }
+      if reader.join(limit)
+        Process.wait(child.pid)
+        [reader.value, $?]
+      else
+        Process.kill(:KILL, child.pid)
+        [reader.value, nil]
+      end
+    end
+  end
+
   # The descriptors open now, once IOs dropped earlier are collected: number => what it refers to
   # (the directory the listing itself opened is gone by the time it is read, so it is left out).
   def descriptor_table
