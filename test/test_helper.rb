@@ -86,6 +86,43 @@ end
 
 Minitest::Test.include(EvtTest)
 
+# A child a test forked and left running is killed when the test ends, saying so: a child stuck
+# for good (libasan's allocator can leave one waiting for a lock another thread held at the fork)
+# would otherwise keep bin/test's output pipe open, and the whole run with it.
+module ForkedChildren
+  @pids = []
+
+  class << self
+    attr_reader :pids
+  end
+
+  # Process.fork's hook, in the process that forks.
+  module Hook
+    def _fork
+      pid = super
+      ForkedChildren.pids << pid if pid.positive?
+      pid
+    end
+  end
+  Process.singleton_class.prepend(Hook)
+
+  def after_teardown
+    super
+    ForkedChildren.pids.each do |pid|
+      next if Process.waitpid(pid, Process::WNOHANG)
+
+      warn "== #{self.class}##{name} left its forked child #{pid} running: killed"
+      Process.kill(:KILL, pid)
+      Process.waitpid(pid)
+    rescue Errno::ECHILD, Errno::ESRCH
+      nil # reaped already, or not this process's child
+    end
+    ForkedChildren.pids.clear
+  end
+end
+
+Minitest::Test.include(ForkedChildren)
+
 # Evt::Workers' tests: one line to the server on +port+ and its one-line answer; a supervisor told
 # to stop, and how it ended.
 module WorkersHelpers
