@@ -105,7 +105,8 @@ class ClientHttpTest < Minitest::Test
   end
 
   # Twenty fibers, each its own request that the server answers after 0.2 s: together in about
-  # 0.2 s, not 4.
+  # 0.2 s, not 4 (under 3.5: TLS handshakes take their CPU one after another, and much more of it
+  # under AddressSanitizer).
   def assert_overlapping_requests(server)
     bodies = {}
     took = elapsed do
@@ -114,7 +115,7 @@ class ClientHttpTest < Minitest::Test
       end
     end
     assert_equal(20.times.to_h { |i| [i, "/#{i}"] }, bodies)
-    assert_operator took, :<, 2.5, "20 requests of 0.2 s took #{took} s: they did not overlap"
+    assert_operator took, :<, 3.5, "20 requests of 0.2 s took #{took} s: they did not overlap"
   end
 
   def net_http_get(uri, ca_file)

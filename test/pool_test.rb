@@ -69,7 +69,8 @@ class PoolTest < Minitest::Test
     Timeout.timeout(30) do
       Fiber.set_scheduler(scheduler)
       Fiber.schedule do
-        Timeout.timeout(0.2) { Zlib::Deflate.deflate(data, Zlib::BEST_COMPRESSION) }
+        # Long beside the queued fiber's 0.05 s: a slow start (ASan) must not change their order.
+        Timeout.timeout(1) { Zlib::Deflate.deflate(data, Zlib::BEST_COMPRESSION) }
         outcomes[:running] = :finished
       rescue Timeout::Error, Zlib::Error
         outcomes[:running] = :stopped
@@ -81,7 +82,7 @@ class PoolTest < Minitest::Test
         outcomes[:queued] = [:stopped, outcomes[:running]] # before the first was stopped
       end
       Fiber.schedule do
-        sleep 0.3
+        sleep 1.1
         outcomes[:next] = Zlib::Inflate.inflate(Zlib::Deflate.deflate(small)) == small
       end
     ensure
