@@ -598,12 +598,12 @@ module Bench
       true
     end
 
-    # A GET of / must get the app's answer (+expected+) within +wait+ seconds.
-    def answers!(port, context, expected = "hello", wait: FALCON_PROBE)
-      response = Net::HTTP.start("127.0.0.1", port, open_timeout: wait, read_timeout: wait) { |http| http.get("/") }
+    # A GET of +path+ must get the app's answer (+expected+) within +wait+ seconds.
+    def answers!(port, context, expected = "hello", wait: FALCON_PROBE, path: "/")
+      response = Net::HTTP.start("127.0.0.1", port, open_timeout: wait, read_timeout: wait) { |http| http.get(path) }
       return if response.code == "200" && response.body == expected
 
-      raise Failure, "a GET #{context} was answered #{response.code} #{response.body.to_s[0, 40].inspect}"
+      raise Failure, "a GET #{path} #{context} was answered #{response.code} #{response.body.to_s[0, 40].inspect}"
     rescue Net::OpenTimeout, Net::ReadTimeout
       raise Failure, "the server stopped answering: a GET #{context} had no answer in #{wait} s"
     rescue IOError, SystemCallError => e

@@ -91,11 +91,11 @@ module Bench
 
         url = "http://127.0.0.1:#{server[:port]}#{path}"
         warmup = wrk(url, @connections, @size[:warmup], [], timeout: TIMEOUT)
-        answers_rails!(server[:port], path, expected, "after #{warmup[:requests]} requests in the warm-up")
+        answers!(server[:port], "after #{warmup[:requests]} requests in the warm-up", expected, wait: TIMEOUT, path: path)
         before = group_cpu_seconds(server[:pid])
         report = wrk(url, @connections, @size[:duration], [], timeout: TIMEOUT)
         used = group_cpu_seconds(server[:pid]) - before
-        answers_rails!(server[:port], path, expected, "after #{report[:requests]} requests in the run")
+        answers!(server[:port], "after #{report[:requests]} requests in the run", expected, wait: TIMEOUT, path: path)
         {rps: report[:rps].round(0), cpu_us_per_req: (used * 1e6 / report[:requests]).round(2), p99_ms: report[:p99_ms],
          errors: report[:errors], connections: @connections, pool: pool, loop: runs_on.sub(/\Aselector /, "")[0, 40]}
       rescue Failure, Timeout::Error, SystemCallError => e
@@ -106,15 +106,6 @@ module Bench
       ensure
         stop(server)
       end
-    end
-
-    def answers_rails!(port, path, expected, context)
-      response = Net::HTTP.start("127.0.0.1", port, open_timeout: TIMEOUT, read_timeout: TIMEOUT) { |http| http.get(path) }
-      return if response.code == "200" && response.body == expected
-
-      raise Failure, "a GET #{path} #{context} was answered #{response.code} #{response.body.to_s[0, 60].inspect}"
-    rescue Net::OpenTimeout, Net::ReadTimeout
-      raise Failure, "the server stopped answering: a GET #{context} had no answer in #{TIMEOUT} s"
     end
 
     # Each row against the best io-event row (CPU per request) and the best Puma row (req/s).

@@ -112,35 +112,23 @@ class ProbesController < ActionController::API
 
   # Timeout.timeout around a query that would take 2 s; then the pool gives a connection that works.
   def timeout
-    started = EvtRails.now
-    error = begin
+    outcome(Timeout::Error) do
       Timeout.timeout(Float(params.fetch(:after, 0.1))) do
         ActiveRecord::Base.with_connection { |c| c.select_value("SELECT 'late' FROM pg_sleep(2)") }
       end
-      nil
-    rescue Timeout::Error => e
-      e.class.name
     end
-    took = EvtRails.now - started
-    render json: {error: error, took: took.round(3), after: select_one}
   end
 
   # PostgreSQL's statement_timeout cancels the query: ActiveRecord::QueryCanceled.
   def statement_timeout
-    started = EvtRails.now
-    error = begin
+    outcome(ActiveRecord::StatementInvalid) do
       ActiveRecord::Base.with_connection do |connection|
         connection.transaction do
           connection.execute("SET LOCAL statement_timeout = '100ms'")
           connection.select_value("SELECT 'late' FROM pg_sleep(2)")
         end
       end
-      nil
-    rescue ActiveRecord::StatementInvalid => e
-      e.class.name
     end
-    took = EvtRails.now - started
-    render json: {error: error, took: took.round(3), after: select_one}
   end
 
   def pool
@@ -148,6 +136,19 @@ class ProbesController < ActionController::API
   end
 
   private
+
+  # Renders how the block ended (the class of the error among +errors+ it raised, or nil), how long
+  # it took, and what a query on a connection from the pool gives afterwards.
+  def outcome(*errors)
+    started = EvtRails.now
+    error = begin
+      yield
+      nil
+    rescue *errors => e
+      e.class.name
+    end
+    render json: {error: error, took: (EvtRails.now - started).round(3), after: select_one}
+  end
 
   def select_one
     ActiveRecord::Base.with_connection { |c| c.select_value("SELECT 1") }
