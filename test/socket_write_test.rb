@@ -128,6 +128,9 @@ class SocketWriteTest < Minitest::Test
     assert_equal "hello world", received
     assert_equal 0, writes, "a write the socket took at once went through io_write"
     big = "x" * 4_000_000
+    # Buffers fixed small: the kernel's autotuning can grow a loopback socket's to take 4 MB at once.
+    writer.setsockopt(Socket::SOL_SOCKET, Socket::SO_SNDBUF, 65_536)
+    peer.setsockopt(Socket::SOL_SOCKET, Socket::SO_RCVBUF, 65_536)
     writes = with_counting_scheduler do
       Fiber.schedule { received = peer.read(big.bytesize) }
       assert_equal big.bytesize, writer.write(big)
