@@ -207,7 +207,14 @@ class ClientHttpTest < Minitest::Test
     session = HTTPX.plugin(plugin).with(timeout: {operation_timeout: operation_timeout})
     statuses = []
     took = elapsed do
-      evt { fibers.times { Fiber.schedule { statuses << session.get(url(server)).status } } }
+      evt do
+        fibers.times do
+          Fiber.schedule do
+            response = session.get(url(server))
+            statuses << (response.is_a?(HTTPX::ErrorResponse) ? "#{response.error.class}: #{response.error.message}" : response.status)
+          end
+        end
+      end
     end
     [statuses, took]
   end
