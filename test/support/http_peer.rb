@@ -100,12 +100,29 @@ module EvtTest
         body = @body || request.split[1]
         client.write("HTTP/1.1 200 OK\r\nContent-Length: #{body.bytesize}\r\n" \
                      "Connection: #{@close ? "close" : "keep-alive"}\r\n\r\n#{body}")
-        break if @close
+        next unless @close
+
+        linger(client)
+        break
       end
     rescue IOError, SystemCallError, OpenSSL::SSL::SSLError
       nil # the client went away
     ensure
       client.close
+    end
+
+    # Closes as servers do after `Connection: close`: the write side first, then what the client
+    # sent meanwhile (pipelined requests) read and dropped until its end of file, for a second at
+    # most. Closing with those unread would send a reset, which may reach the client before the
+    # answer it has not read yet.
+    def linger(client)
+      return if client.is_a?(OpenSSL::SSL::SSLSocket)
+
+      client.close_write
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 1
+      while (left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)).positive? && client.wait_readable(left)
+        break unless client.read_nonblock(65_536, exception: false)
+      end
     end
   end
 end
