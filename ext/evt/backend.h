@@ -1,7 +1,7 @@
 /* The dialect between the core and its backends (backend_<mechanism>.c), in the spirit of redis's ae.c.
  *
  * A backend knows descriptors, events and its own per-descriptor slot; it never touches fibers or
- * Ruby objects. The core (waiters.c, loop.c) owns the registrations and the waiters hanging off
+ * Ruby objects. The core (registration.c, waiter.c, loop.c) owns the registrations and the waiters hanging off
  * them, the array of fired events, and the wakeup descriptor. A backend:
  *
  *   open, close    makes and releases its kernel objects (close also runs in a forked child)
@@ -10,7 +10,7 @@
  *                  fired into loop->fired as {descriptor, generation, events} and returns the count;
  *                  the core dispatches them, with the GVL
  *   complete       a completion backend (io_uring) instead reports its completions here, with the
- *                  GVL: evt_loop_io_ready() for polls, evt_loop_op_done() for its own transfers
+ *                  GVL: evt_waiter_fired() for polls, evt_waiter_done() for its own transfers
  *
  * Every backend reads the kernel's readiness through evt_events_from_poll(), so every backend
  * follows one rule for errors and hang-ups (below), and watches loop->wakeup.read_fd, which any
@@ -103,7 +103,7 @@ evt_backend_slot_clear(struct evt_backend_slot *slot)
 
 /* A transfer a backend does itself (io_uring): read into or write from [base, base + size) on fd,
  * at `position` when it is not negative, waiting for the descriptor to be ready if it must. Lives on
- * the stack of the waiting fiber; the backend calls evt_loop_op_done() when the kernel reports the
+ * the stack of the waiting fiber; the backend calls evt_waiter_done() when the kernel reports the
  * result, and not after cancel() has returned. */
 enum evt_op_kind {
     EVT_OP_TRANSFER,   /* read or write, as below */
@@ -124,7 +124,7 @@ struct evt_op {
     int cancelled;     /* the backend's: turned into a no-op before the kernel took it (reaped as -ECANCELED) */
     long result;       /* bytes, or -errno */
     /* The core's: the IO buffer [base, base + size) lies in, taken from an IO that another thread
-     * closed while the kernel had it (see evt_io_closing); freed by the core once reaped. */
+     * closed while the kernel had it (see evt_close_io); freed by the core once reaped. */
     struct evt_orphan *orphan;
 };
 
@@ -152,7 +152,7 @@ struct evt_backend {
     int (*wait)(struct evt_loop *loop, int64_t timeout_ns);
 
     /* Optional, for a completion backend: with the GVL, after each wait, reports the completions
-     * the kernel has (evt_loop_io_ready, evt_loop_op_done). */
+     * the kernel has (evt_waiter_fired, evt_waiter_done). */
     void (*complete)(struct evt_loop *loop);
     /* Optional: transfers done by the backend. Submits op: 0, or -errno when it cannot (the core
      * then does the transfer itself). */
@@ -171,11 +171,6 @@ struct evt_backend {
     void (*closed_elsewhere)(struct evt_loop *loop, int fd);
 };
 
-/* Called by a completion backend for each readiness it learns (EVT_* bits, by evt_events_from_poll). */
-void evt_loop_io_ready(struct evt_loop *loop, int fd, uint32_t generation, int events);
-/* Called by a backend when a transfer it does (struct evt_op) completed with `result`. */
-void evt_loop_op_done(struct evt_loop *loop, struct evt_op *op, long result);
-
 /* Whether a failure to make a kernel object says nothing about the mechanism: the process or the
  * system is out of descriptors for now. A probe that meets one reports the backend available (it is),
  * and opening it raises the errno, as Ruby does for any call that needs a descriptor. */
@@ -185,8 +180,7 @@ evt_out_of_descriptors(int err)
     return err == EMFILE || err == ENFILE;
 }
 
-/* The backends this build has, fastest first, NULL-terminated. */
-extern const struct evt_backend *const evt_backends[];
+/* The backends (evt.c lists those this build has, fastest first). */
 
 extern const struct evt_backend evt_backend_epoll;
 extern const struct evt_backend evt_backend_poll;

@@ -6,7 +6,7 @@
  * The registration's generation rides in the event data: events for an older file that had the
  * same number (still open elsewhere, say in a forked child) are recognised and ignored. A wait hands
  * what fired to the core (loop->fired), which dispatches. */
-#include "loop.h"
+#include "core.h"
 
 #ifdef HAVE_SYS_EPOLL_H
 

@@ -5,7 +5,7 @@
  * disarm: O(1)). poll(2) is level-triggered, which suits the core: it waits only after EAGAIN, and a
  * woken waiter's events leave the slot at once. wait() copies what fired, with the generations, into
  * the core's loop->fired: dispatching (and the requests served before it) disarms, which moves slots. */
-#include "loop.h"
+#include "core.h"
 
 #ifdef HAVE_POLL_H
 

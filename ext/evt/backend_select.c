@@ -15,7 +15,7 @@
  * closed ones and reports them as POLLNVAL (every event, by backend.h's rule), so their waiters meet
  * EBADF themselves and stop waiting. The sets read as POLLIN, POLLOUT and POLLPRI; the except set is
  * POLLPRI only, so a wait for IO::PRIORITY alone is not woken by a hang-up here. */
-#include "loop.h"
+#include "core.h"
 
 #if defined(__linux__) && defined(HAVE_SYS_SELECT_H)
 

@@ -10,7 +10,9 @@
  *
  * Features are probed at run time, never taken from liburing's headers: the kernel may be older
  * or newer than the library. */
-#include "loop.h"
+#include "core.h"
+#include "registration.h"
+#include "waiter.h"
 
 #ifdef HAVE_LIBURING_H
 
@@ -258,12 +260,12 @@ poll_done(struct evt_loop *loop, struct uring_backend *backend, uint64_t data, i
 {
     int fd = (int)(uint32_t)(data >> 2);
     uint32_t serial = (uint32_t)(data >> 34);
-    if (fd >= loop->registrations_size || !loop->registrations[fd]) return;
-    struct evt_registration *reg = loop->registrations[fd];
+    struct evt_registration *reg = evt_registration_find(loop, fd);
+    if (!reg) return;
     if ((reg->slot.serial & 0x3fffffff) != serial || !reg->slot.interest) return; /* removed or replaced */
     reg->slot.interest = 0; /* one-shot: nothing in flight now */
     /* A failed poll (-EBADF) counts as POLLNVAL: the waiters meet the error themselves. */
-    evt_loop_io_ready(loop, fd, reg->generation, evt_events_from_poll(res < 0 ? POLLNVAL : (unsigned)res));
+    evt_waiter_fired(loop, fd, reg->generation, evt_events_from_poll(res < 0 ? POLLNVAL : (unsigned)res));
     if (reg->events && !reg->slot.interest) uring_arm(loop, fd, reg); /* waiters for other events remain */
 }
 
@@ -279,7 +281,7 @@ dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
             switch (data & TAG_MASK) {
             case TAG_OP: {
                 struct evt_op *op = (struct evt_op *)(uintptr_t)data;
-                evt_loop_op_done(loop, op, op->cancelled ? -ECANCELED : cqe->res);
+                evt_waiter_done(loop, op, op->cancelled ? -ECANCELED : cqe->res);
                 break;
             }
             case TAG_POLL:

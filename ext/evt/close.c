@@ -7,7 +7,7 @@
  * (one per thread with a scheduler) and a look at one registration: no system call, no allocation.
  * Where fibers do wait on that IO object (not merely on its descriptor number), they are woken
  * before the descriptor closes and raise IOError, "stream closed in another thread", as Ruby
- * threads do (evt_io_closing).
+ * threads do (evt_close_io).
  *
  * Another thread holding the GVL cannot touch a loop's kernel objects or fibers: what it asks of the
  * loop (wake the waiters of an IO it closes, raise in a fiber: fiber_interrupt) is queued on
@@ -15,8 +15,12 @@
  *
  * Ruby 4.0 interrupts waiting fibers itself, through the scheduler's fiber_interrupt hook, and asks
  * the scheduler to close the descriptor with io_close (hooks.c). What it leaves undone is done here
- * still, from the same IO#close: see evt_io_closing. */
-#include "loop.h"
+ * still, from the same IO#close: see evt_close_io. */
+#include "core.h"
+#include "registration.h"
+#include "waiter.h"
+#include "object.h"
+#include "close.h"
 
 #include <errno.h>
 #include <sys/stat.h>
@@ -27,7 +31,7 @@
 #include <ruby/version.h>
 
 void
-evt_raise_closed(void)
+evt_close_raise(void)
 {
     rb_raise(rb_eIOError, "stream closed in another thread");
 }
@@ -38,7 +42,7 @@ struct evt_orphan {
 };
 
 void
-evt_orphan_release(struct evt_orphan *orphan)
+evt_close_orphan_release(struct evt_orphan *orphan)
 {
     if (--orphan->transfers > 0) return;
     ruby_xfree(orphan->memory);
@@ -49,8 +53,9 @@ evt_orphan_release(struct evt_orphan *orphan)
 static int
 waited_on(struct evt_loop *loop, VALUE io, int fd)
 {
-    if (fd < 0 || fd >= loop->registrations_size || !loop->registrations[fd]) return 0;
-    EACH_WAITER(&loop->registrations[fd]->waiters, io_link, w) {
+    struct evt_registration *reg = evt_registration_find(loop, fd);
+    if (!reg) return 0;
+    EACH_WAITER(&reg->waiters, io_link, w) {
         if (w->io == io) return 1;
     }
     return 0;
@@ -63,8 +68,9 @@ waited_on(struct evt_loop *loop, VALUE io, int fd)
 static int
 knows(struct evt_loop *loop, VALUE io, int fd)
 {
-    if (fd < 0 || fd >= loop->registrations_size || !loop->registrations[fd]) return 0;
-    VALUE known = loop->registrations[fd]->io;
+    struct evt_registration *reg = evt_registration_find(loop, fd);
+    if (!reg) return 0;
+    VALUE known = reg->io;
     return known == io || NIL_P(known) || waited_on(loop, io, fd);
 }
 
@@ -74,7 +80,7 @@ knows(struct evt_loop *loop, VALUE io, int fd)
 static void
 loop_close_io(struct evt_loop *loop, VALUE io, int fd, int elsewhere)
 {
-    struct evt_registration *reg = fd >= 0 && fd < loop->registrations_size ? loop->registrations[fd] : NULL;
+    struct evt_registration *reg = evt_registration_find(loop, fd);
     if (elsewhere && reg && !evt_io_closed(io)) reg->closing = io;
     if (!waited_on(loop, io, fd)) return;
 again:
@@ -104,10 +110,10 @@ again:
  * waits on fd for an IO now closed is woken here, before the descriptor closes: an IO.select (which
  * Ruby does not track), or a wait that began while the close flushed. */
 void
-evt_loop_descriptor_closing(struct evt_loop *loop, int fd)
+evt_close_descriptor(struct evt_loop *loop, int fd)
 {
-    if (fd < 0 || fd >= loop->registrations_size || !loop->registrations[fd]) return;
-    struct evt_registration *reg = loop->registrations[fd];
+    struct evt_registration *reg = evt_registration_find(loop, fd);
+    if (!reg) return;
     VALUE last = Qnil;
     for (;;) {
         VALUE closed = Qnil;
@@ -123,7 +129,7 @@ evt_loop_descriptor_closing(struct evt_loop *loop, int fd)
 
 /* A request from another thread, which holds the GVL and cannot touch the kernel objects. */
 void
-evt_loop_request(struct evt_loop *loop, VALUE first, VALUE second)
+evt_close_request(struct evt_loop *loop, VALUE first, VALUE second)
 {
     if (NIL_P(loop->requests)) loop->requests = rb_ary_new();
     rb_ary_push(loop->requests, rb_assoc_new(first, second));
@@ -186,7 +192,7 @@ must_hear(struct evt_loop *loop, void *ptr)
 {
     struct closing *c = ptr;
     /* A closed selector has forgotten its waiters (and may be garbage not yet swept). */
-    if (loop->forks != evt_forks || loop->selector == 2 || !knows(loop, c->io, c->fd)) return 0;
+    if (loop->forks != evt_object_forks || loop->selector == 2 || !knows(loop, c->io, c->fd)) return 0;
     if (loop->thread == c->thread) return c->own != OWN_NONE;
     /* Another thread's loop, closed: no fiber waits in it and the kernel holds nothing of it. It is
      * also what a loop left behind by its thread is (Ruby closes a thread's scheduler when the
@@ -217,7 +223,7 @@ hear(struct evt_loop *loop, void *ptr)
         else if (loop->self == c->scheduler && can_yield_to(loop)) {
             /* OWN_WAKE_RUN: Ruby will wait, blocking the thread, for the fibers that wait on io to
              * leave their waits, which they can do only if the loop runs. They are woken now and run
-             * before Ruby's close (evt_io_closing); a wait on io begun meanwhile ends at once (as for
+             * before Ruby's close (evt_close_io); a wait on io begun meanwhile ends at once (as for
              * another thread's close, until Ruby has marked io closed). */
             loop_close_io(loop, io, fd, 1);
             c->yield_to = loop->self;
@@ -237,7 +243,7 @@ hear(struct evt_loop *loop, void *ptr)
         hand_over(loop->registrations[fd], io, &fptr->rbuf);
         hand_over(loop->registrations[fd], io, &fptr->wbuf);
     }
-    evt_loop_request(loop, io, INT2FIX(fd));
+    evt_close_request(loop, io, INT2FIX(fd));
 }
 
 /* IO#close from any thread of this process, before the descriptor closes. Only this Ractor's loops:
@@ -246,13 +252,13 @@ hear(struct evt_loop *loop, void *ptr)
  * Ruby 3.3 and 3.4 tell no scheduler: every loop that knows io hears of it here. Ruby 4.0 interrupts
  * the fibers waiting on io through their own thread's scheduler (fiber_interrupt) and then waits for
  * them, and calls io_close where the closer is a non-blocking fiber, whose loop wakes the rest there
- * (evt_loop_descriptor_closing). Other threads' loops still hear of it here: a fiber of theirs may
+ * (evt_close_descriptor). Other threads' loops still hear of it here: a fiber of theirs may
  * begin a wait on io while the close flushes, after Ruby has looked for waiters, which Ruby would
  * leave in the kernel on a descriptor number soon reused (and, on io_uring, reading into the IO's
  * buffer, which the close frees). So does the closer's own loop when the closer is a blocking fiber,
  * for which Ruby's wait for the interrupted fibers blocks the whole thread: they could never run. */
 void
-evt_io_closing(VALUE io, int fd)
+evt_close_io(VALUE io, int fd)
 {
     struct closing c = {io, fd, rb_thread_current(), OWN_WAKE, rb_fiber_scheduler_get(), Qnil};
 #if RUBY_API_VERSION_MAJOR >= 4
@@ -261,7 +267,7 @@ evt_io_closing(VALUE io, int fd)
      * it), unless the closer is a blocking fiber, whose wait for them would never end. */
     if (!NIL_P(c.scheduler)) c.own = NIL_P(rb_fiber_scheduler_current()) ? OWN_WAKE_RUN : OWN_NONE;
 #endif
-    evt_ractor_each_loop(must_hear, hear, &c);
+    evt_object_each_in_ractor(must_hear, hear, &c);
     /* The thread's scheduler, which Ruby's close would block: its woken fibers leave their waits now
      * (the loop's turn ends with this fiber, which it readies last). */
     if (!NIL_P(c.yield_to)) rb_funcall(c.yield_to, rb_intern("kernel_sleep"), 1, INT2FIX(0));
@@ -273,7 +279,7 @@ evt_io_closing(VALUE io, int fd)
  * lets go of the file before the closer goes on; returns the rest (interrupts, which switch fibers:
  * the loop raises them when it may), or nil. */
 VALUE
-evt_loop_serve_closes(struct evt_loop *loop)
+evt_close_serve(struct evt_loop *loop)
 {
     VALUE requests = loop->requests;
     loop->requests = Qnil;
@@ -345,11 +351,11 @@ io_close(int argc, VALUE *argv, VALUE io)
     rb_io_t *fptr;
     int fd = open_descriptor(io, &fptr);
     if (fd >= 0) {
-        evt_io_closing(io, fd);
+        evt_close_io(io, fd);
         VALUE write_io = fptr->tied_io_for_writing;
         rb_io_t *write_fptr;
         int write_fd = write_io ? open_descriptor(write_io, &write_fptr) : -1;
-        if (write_fd >= 0) evt_io_closing(write_io, write_fd);
+        if (write_fd >= 0) evt_close_io(write_io, write_fd);
     }
 #if RUBY_API_VERSION_MAJOR >= 4
     return rb_call_super(argc, argv);
@@ -370,7 +376,7 @@ io_close_read(int argc, VALUE *argv, VALUE io)
     int fd = open_descriptor(io, &fptr);
     if (fd >= 0 && (is_socket(fd) ? !(fptr->mode & FMODE_WRITABLE)
                                    : (fptr->mode & (FMODE_DUPLEX | FMODE_WRITABLE)) != FMODE_WRITABLE))
-        evt_io_closing(io, fd);
+        evt_close_io(io, fd);
     return rb_call_super(argc, argv);
 }
 
@@ -384,7 +390,7 @@ io_close_write(int argc, VALUE *argv, VALUE io)
     int fd = open_descriptor(write_io, &write_fptr);
     if (fd >= 0 && (is_socket(fd) ? !(write_fptr->mode & FMODE_READABLE)
                                    : (write_fptr->mode & (FMODE_DUPLEX | FMODE_READABLE)) != FMODE_READABLE))
-        evt_io_closing(write_io, fd);
+        evt_close_io(write_io, fd);
     return rb_call_super(argc, argv);
 }
 

@@ -1,13 +1,19 @@
 /* Evt::Loop as Ruby sees it, besides the hooks (hooks.c): making one, running it, closing it,
  * starting fibers, and what it tells about itself; the backends this build has; Init_evt. */
+#include "core.h"
+#include "wait.h"
+#include "object.h"
+#include "close.h"
 #include "loop.h"
-
-VALUE evt_cLoop;
+#include "hooks.h"
+#include "selector.h"
+#include "socket_write.h"
+#include "blocking.h"
 
 static ID id_blocking_p;
 static VALUE eFiberError;
 
-const struct evt_backend *const evt_backends[] = {
+static const struct evt_backend *const evt_backends[] = {
 #ifdef HAVE_LIBURING_H
     &evt_backend_uring,
 #endif
@@ -47,7 +53,7 @@ launcher_switch(VALUE target)
 static VALUE
 launcher_failed(VALUE loop_value, VALUE error)
 {
-    struct evt_loop *loop = evt_loop_of(loop_value);
+    struct evt_loop *loop = evt_object_of(loop_value);
     loop->launch_error = error;
     return rb_fiber_transfer(loop->launch_caller, 0, NULL);
 }
@@ -55,7 +61,7 @@ launcher_failed(VALUE loop_value, VALUE error)
 static VALUE
 launcher_body(RB_BLOCK_CALL_FUNC_ARGLIST(unused, loop_value))
 {
-    struct evt_loop *loop = evt_loop_of(loop_value);
+    struct evt_loop *loop = evt_object_of(loop_value);
     VALUE target = rb_fiber_transfer(loop->launch_caller, 0, NULL); /* made: wait for the first launch */
     for (;;) target = rb_rescue2(launcher_switch, target, launcher_failed, loop_value, eFiberError, 0);
     UNREACHABLE_RETURN(Qnil);
@@ -93,7 +99,7 @@ launch(struct evt_loop *loop, VALUE fiber)
 static VALUE
 loop_start(VALUE self, VALUE fiber)
 {
-    struct evt_loop *loop = evt_loop_get(self);
+    struct evt_loop *loop = evt_object_get(self);
     VALUE current = rb_fiber_current();
     if (current == loop->loop_fiber) {
         launch(loop, fiber);
@@ -101,7 +107,7 @@ loop_start(VALUE self, VALUE fiber)
     else {
         struct evt_wait wait;
         evt_wait_start(&wait, loop, fiber);
-        evt_suspend(&wait);
+        evt_loop_suspend(&wait);
     }
     return fiber;
 }
@@ -114,7 +120,7 @@ loop_start(VALUE self, VALUE fiber)
 static VALUE
 loop_started(VALUE self)
 {
-    evt_loop_check(self)->current = rb_fiber_current();
+    evt_object_check(self)->current = rb_fiber_current();
     return Qnil;
 }
 
@@ -127,7 +133,7 @@ loop_started(VALUE self)
 static VALUE
 loop_run_m(VALUE self)
 {
-    struct evt_loop *loop = evt_loop_get(self);
+    struct evt_loop *loop = evt_object_get(self);
     VALUE current = rb_fiber_current();
     if (current != loop->loop_fiber) {
         if (loop->running) rb_raise(eFiberError, "evt: the loop is already running on another fiber");
@@ -150,7 +156,7 @@ loop_run_m(VALUE self)
 static VALUE
 loop_scheduler_close(VALUE self)
 {
-    struct evt_loop *loop = evt_loop_owned(self);
+    struct evt_loop *loop = evt_object_owned(self);
     VALUE current = rb_fiber_current();
     if (current != loop->loop_fiber && (loop->running || !fiber_blocking_p(current)))
         rb_raise(eFiberError, "evt: a scheduler is closed from the blocking fiber that drives it, "
@@ -158,7 +164,7 @@ loop_scheduler_close(VALUE self)
     VALUE errinfo = rb_errinfo();
     int state = 0;
     rb_protect(loop_run_m, self, &state);
-    evt_loop_close_backend(loop);
+    evt_object_close_backend(loop);
     if (state) rb_jump_tag(state);
     /* Not while Thread#kill ends the thread: $! then holds Ruby's own marker, which is no exception
      * and cannot be set back (and nothing here replaced it). */
@@ -170,9 +176,9 @@ loop_scheduler_close(VALUE self)
 static VALUE
 loop_close_backend_m(VALUE self)
 {
-    struct evt_loop *loop = evt_loop_owned(self);
+    struct evt_loop *loop = evt_object_owned(self);
     if (loop->running) rb_raise(eFiberError, "evt: the loop is running: it closes when it is done");
-    evt_loop_close_backend(loop);
+    evt_object_close_backend(loop);
     return Qnil;
 }
 
@@ -184,7 +190,7 @@ loop_close_backend_m(VALUE self)
 static VALUE
 loop_wakeup(VALUE self)
 {
-    struct evt_loop *loop = evt_loop_check(self);
+    struct evt_loop *loop = evt_object_check(self);
     evt_loop_wake(loop);
     return Qnil;
 }
@@ -192,20 +198,20 @@ loop_wakeup(VALUE self)
 static VALUE
 loop_backend(VALUE self)
 {
-    return ID2SYM(rb_intern(evt_loop_check(self)->backend->name));
+    return ID2SYM(rb_intern(evt_object_check(self)->backend->name));
 }
 
 static VALUE
 loop_closed_p(VALUE self)
 {
-    return evt_loop_check(self)->backend_data ? Qfalse : Qtrue;
+    return evt_object_check(self)->backend_data ? Qfalse : Qtrue;
 }
 
 /* The number of fibers suspended in the loop. */
 static VALUE
 loop_waiting(VALUE self)
 {
-    return SIZET2NUM(evt_loop_check(self)->waiting);
+    return SIZET2NUM(evt_object_check(self)->waiting);
 }
 
 static int
@@ -219,7 +225,7 @@ collect_key(st_data_t key, st_data_t value, st_data_t set)
 static VALUE
 loop_fibers(VALUE self)
 {
-    struct evt_loop *loop = evt_loop_check(self);
+    struct evt_loop *loop = evt_object_check(self);
     VALUE set = rb_hash_new();
     EACH_WAITER(&loop->ready, ready_link, w) rb_hash_aset(set, w->fiber, Qtrue);
     for (size_t i = 0; i < loop->timers.size; i++)
@@ -254,7 +260,7 @@ backend_named(VALUE name)
 static VALUE
 loop_initialize(VALUE self, VALUE name)
 {
-    struct evt_loop *loop = evt_loop_of(self);
+    struct evt_loop *loop = evt_object_of(self);
     if (loop->backend) rb_raise(rb_eRuntimeError, "evt: loop already initialized");
     const struct evt_backend *backend = backend_named(name);
     if (!backend) rb_raise(rb_eArgError, "evt: unknown backend %" PRIsVALUE, rb_inspect(name));
@@ -263,7 +269,7 @@ loop_initialize(VALUE self, VALUE name)
     loop->backend = backend;
     loop->loop_fiber = loop->current = rb_fiber_current();
     loop->thread = rb_thread_current();
-    evt_loop_open(loop);
+    evt_object_open(loop);
     return self;
 }
 
@@ -294,28 +300,26 @@ Init_evt(void)
     id_blocking_p = rb_intern("blocking?");
     eFiberError = rb_const_get(rb_cObject, rb_intern("FiberError"));
     VALUE mEvt = rb_define_module("Evt");
-    evt_object_init();
-    evt_loop_core_init();
+    evt_object_init(mEvt);
+    evt_loop_init();
 
-    evt_cLoop = rb_define_class_under(mEvt, "Loop", rb_cObject);
-    rb_define_alloc_func(evt_cLoop, evt_loop_alloc);
-    rb_define_singleton_method(evt_cLoop, "backends", loop_s_backends, 0);
-    rb_define_singleton_method(evt_cLoop, "probe", loop_s_probe, 1);
-    rb_define_method(evt_cLoop, "initialize", loop_initialize, 1);
-    rb_define_method(evt_cLoop, "run", loop_run_m, 0);
-    rb_define_method(evt_cLoop, "scheduler_close", loop_scheduler_close, 0);
-    rb_define_method(evt_cLoop, "wakeup", loop_wakeup, 0);
-    rb_define_method(evt_cLoop, "backend", loop_backend, 0);
-    rb_define_method(evt_cLoop, "closed?", loop_closed_p, 0);
-    rb_define_method(evt_cLoop, "waiting", loop_waiting, 0);
-    rb_define_private_method(evt_cLoop, "start", loop_start, 1);
-    rb_define_private_method(evt_cLoop, "started", loop_started, 0);
-    rb_define_private_method(evt_cLoop, "close_backend", loop_close_backend_m, 0);
-    rb_define_private_method(evt_cLoop, "suspended_fibers", loop_fibers, 0);
+    rb_define_singleton_method(evt_object_class, "backends", loop_s_backends, 0);
+    rb_define_singleton_method(evt_object_class, "probe", loop_s_probe, 1);
+    rb_define_method(evt_object_class, "initialize", loop_initialize, 1);
+    rb_define_method(evt_object_class, "run", loop_run_m, 0);
+    rb_define_method(evt_object_class, "scheduler_close", loop_scheduler_close, 0);
+    rb_define_method(evt_object_class, "wakeup", loop_wakeup, 0);
+    rb_define_method(evt_object_class, "backend", loop_backend, 0);
+    rb_define_method(evt_object_class, "closed?", loop_closed_p, 0);
+    rb_define_method(evt_object_class, "waiting", loop_waiting, 0);
+    rb_define_private_method(evt_object_class, "start", loop_start, 1);
+    rb_define_private_method(evt_object_class, "started", loop_started, 0);
+    rb_define_private_method(evt_object_class, "close_backend", loop_close_backend_m, 0);
+    rb_define_private_method(evt_object_class, "suspended_fibers", loop_fibers, 0);
 
-    evt_hooks_init(evt_cLoop);
+    evt_hooks_init(evt_object_class);
     evt_close_init(mEvt);
-    evt_selector_init(mEvt, evt_cLoop);
+    evt_selector_init(mEvt, evt_object_class);
     evt_socket_write_init(mEvt);
     evt_blocking_init(mEvt);
 }

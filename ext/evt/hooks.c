@@ -1,7 +1,15 @@
 /* The scheduler hooks besides the IO transfers (io.c), built on the core (loop.c): io_select,
  * kernel_sleep, block, unblock, timeout_after, the helpers of process_wait, and Ruby 4.0's io_close and
  * fiber_interrupt. Evt::HOOKS (lib/evt/hooks.rb) lists every hook and where it lives. */
+#include "core.h"
+#include "registration.h"
+#include "waiter.h"
+#include "wait.h"
+#include "object.h"
+#include "close.h"
 #include "loop.h"
+#include "io.h"
+#include "hooks.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -103,8 +111,8 @@ loop_io_select(int argc, VALUE *argv, VALUE self)
         Check_Type(call.sets[set], T_ARRAY);
         count += RARRAY_LEN(call.sets[set]);
     }
-    int64_t timeout = evt_timeout_ns(argc > 3 ? argv[3] : Qnil);
-    struct evt_loop *loop = evt_loop_get(self);
+    int64_t timeout = evt_io_timeout_ns(argc > 3 ? argv[3] : Qnil);
+    struct evt_loop *loop = evt_object_get(self);
 
     VALUE buffers[5] = {0};
     call.selection.count = count;
@@ -131,12 +139,12 @@ loop_io_select(int argc, VALUE *argv, VALUE self)
     while (NIL_P(result) && timeout != 0) {
         struct evt_wait wait;
         evt_wait_select(&wait, loop, &call.selection, timeout);
-        enum evt_outcome outcome = evt_suspend(&wait);
+        enum evt_outcome outcome = evt_loop_suspend(&wait);
         int closed = outcome != EVT_CLOSED && selection_closed(&call.selection);
         if (outcome == EVT_CLOSED || closed) {
             for (int b = 0; b < 5; b++) ALLOCV_END(buffers[b]);
             if (closed) rb_raise(rb_eIOError, "closed stream"); /* as IO.select on a closed IO */
-            evt_raise_closed();
+            evt_close_raise();
         }
         result = select_now(&call);
         if (outcome == EVT_TIMED_OUT) break;
@@ -182,8 +190,8 @@ loop_timeout_after(int argc, VALUE *argv, VALUE self)
     /* A negative duration has already expired (the timeout gem of Ruby 3.3 says so without a
      * scheduler; 3.4's refuses it before calling here): the first wait raises. */
     int expired = rb_obj_is_kind_of(argv[0], rb_cNumeric) && RTEST(rb_funcall(argv[0], rb_intern("negative?"), 0));
-    int64_t duration = expired ? 0 : evt_timeout_ns(argv[0]);
-    struct evt_loop *loop = evt_loop_get(self);
+    int64_t duration = expired ? 0 : evt_io_timeout_ns(argv[0]);
+    struct evt_loop *loop = evt_object_get(self);
     if (duration < 0) return rb_yield(argv[0]); /* nil: no limit */
     struct timeout_call call = {loop};
     evt_timer_init(&call.timeout.timer, EVT_TIMER_TIMEOUT);
@@ -207,14 +215,14 @@ loop_timeout_after(int argc, VALUE *argv, VALUE self)
 static VALUE
 loop_wait_child_exit(VALUE self, VALUE pid)
 {
-    struct evt_loop *loop = evt_loop_get(self);
+    struct evt_loop *loop = evt_object_get(self);
     if (!loop->backend->transfer) return Qnil;
     siginfo_t info;
     memset(&info, 0, sizeof(info));
     struct evt_op op = {.kind = EVT_OP_WAITID, .fd = NUM2PIDT(pid), .base = &info, .position = -1};
     struct evt_wait wait;
     evt_wait_op(&wait, loop, Qnil, &op, Qnil, -1);
-    evt_suspend(&wait);
+    evt_loop_suspend(&wait);
     if (op.result == -ENOTSUP) return Qnil;
     return op.result == 0 ? Qtrue : Qfalse;
 }
@@ -246,7 +254,7 @@ loop_block(struct evt_loop *loop, int64_t timeout)
     for (;;) {
         struct evt_wait wait;
         evt_wait_block(&wait, loop, timeout);
-        enum evt_outcome outcome = evt_suspend(&wait);
+        enum evt_outcome outcome = evt_loop_suspend(&wait);
         if (outcome == EVT_UNBLOCKED) return 1;
         if (outcome == EVT_TIMED_OUT) return 0;
         if (deadline >= 0 && (timeout = deadline - evt_now_ns()) < 0) timeout = 0;
@@ -263,12 +271,12 @@ static VALUE
 loop_kernel_sleep(int argc, VALUE *argv, VALUE self)
 {
     rb_check_arity(argc, 0, 1);
-    int64_t timeout = argc ? evt_timeout_ns(argv[0]) : -1;
-    struct evt_loop *loop = evt_loop_get(self);
+    int64_t timeout = argc ? evt_io_timeout_ns(argv[0]) : -1;
+    struct evt_loop *loop = evt_object_get(self);
     if (timeout == 0) {
         struct evt_wait wait;
         evt_wait_yield(&wait, loop);
-        evt_suspend(&wait);
+        evt_loop_suspend(&wait);
         return Qnil;
     }
     loop_block(loop, timeout);
@@ -289,8 +297,8 @@ loop_block_m(int argc, VALUE *argv, VALUE self)
      * saturates it), where sleep and IO.select raise RangeError past Time's range. */
     int huge = (RB_FLOAT_TYPE_P(value) && RFLOAT_VALUE(value) >= 9.2e18) ||
                (RB_TYPE_P(value, T_BIGNUM) && RBIGNUM_POSITIVE_P(value));
-    int64_t timeout = huge ? INT64_MAX / 4 : evt_timeout_ns(value);
-    return loop_block(evt_loop_get(self), timeout) ? Qtrue : Qfalse;
+    int64_t timeout = huge ? INT64_MAX / 4 : evt_io_timeout_ns(value);
+    return loop_block(evt_object_get(self), timeout) ? Qtrue : Qfalse;
 }
 
 /*
@@ -302,7 +310,7 @@ loop_block_m(int argc, VALUE *argv, VALUE self)
 static VALUE
 loop_unblock(VALUE self, VALUE blocker, VALUE fiber)
 {
-    struct evt_loop *loop = evt_loop_check(self);
+    struct evt_loop *loop = evt_object_check(self);
     st_data_t value;
     if (st_lookup(loop->unblockable, (st_data_t)fiber, &value))
         evt_waiter_wake(loop, (struct evt_waiter *)value, EVT_UNBLOCKED, 0);
@@ -333,11 +341,11 @@ loop_unblock(VALUE self, VALUE blocker, VALUE fiber)
 static VALUE
 loop_io_close(VALUE self, VALUE fd_value)
 {
-    struct evt_loop *loop = evt_loop_get(self);
+    struct evt_loop *loop = evt_object_get(self);
     int fd = NUM2INT(fd_value);
     if (fd < 0) return Qfalse;
-    evt_loop_descriptor_closing(loop, fd);
-    struct evt_registration *reg = fd < loop->registrations_size ? loop->registrations[fd] : NULL;
+    evt_close_descriptor(loop, fd);
+    struct evt_registration *reg = evt_registration_find(loop, fd);
     if (reg && !reg->events && loop->backend->release) loop->backend->release(loop, fd, reg);
     /* Any error but EBADF still released the descriptor (Linux): closing it again could hit another file. */
     return close(fd) < 0 && errno == EBADF ? Qfalse : Qtrue;
@@ -362,14 +370,14 @@ loop_fiber_interrupt(VALUE self, VALUE fiber, VALUE exception)
                                         "raise and transfer; %" PRIsVALUE " does not answer %s",
                          rb_obj_class(fiber), needed[i]);
     }
-    evt_loop_request(evt_loop_check(self), fiber, exception);
+    evt_close_request(evt_object_check(self), fiber, exception);
     return Qnil;
 }
 
 void
 evt_hooks_init(VALUE cLoop)
 {
-    evt_io_hooks_init(cLoop);
+    evt_io_init(cLoop);
     rb_define_method(cLoop, "kernel_sleep", loop_kernel_sleep, -1);
     rb_define_method(cLoop, "block", loop_block_m, -1);
     rb_define_method(cLoop, "unblock", loop_unblock, 2);

@@ -7,7 +7,13 @@
  * on it. Which of the two Ruby gets as io_read and friends is chosen at compile time from
  * RUBY_FIBER_SCHEDULER_VERSION, as io-event does; the other is defined too, as private methods
  * named *_single or *_minimum, so that both are tested on any Ruby. */
+#include "core.h"
+#include "registration.h"
+#include "wait.h"
+#include "object.h"
+#include "close.h"
 #include "loop.h"
+#include "io.h"
 
 #include <fcntl.h>
 #include <limits.h>
@@ -30,7 +36,7 @@ static VALUE cBasicSocket = Qundef; /* once `socket` is loaded */
 
 /* nil -> -1 (no limit); otherwise nanoseconds, with the errors Kernel#sleep gives for bad values. */
 int64_t
-evt_timeout_ns(VALUE timeout)
+evt_io_timeout_ns(VALUE timeout)
 {
     if (NIL_P(timeout)) return -1;
     struct timespec ts = rb_time_timespec_interval(timeout);
@@ -76,10 +82,10 @@ evt_loop_wait_io(struct evt_loop *loop, VALUE io, int fd, int events, int64_t ti
     for (;;) {
         struct evt_wait wait;
         evt_wait_io(&wait, loop, io, fd, events, timeout);
-        switch (outcome_on_resume(io, evt_suspend(&wait))) {
+        switch (outcome_on_resume(io, evt_loop_suspend(&wait))) {
         case EVT_IO_READY: return wait.waiter.ready;
         case EVT_TIMED_OUT: return 0;
-        case EVT_CLOSED: evt_raise_closed();
+        case EVT_CLOSED: evt_close_raise();
         default: break; /* resumed for nothing: wait again for what is left of the time */
         }
         if (deadline >= 0 && (timeout = deadline - evt_now_ns()) < 0) timeout = 0;
@@ -140,7 +146,7 @@ transfer_once(struct evt_registration *reg, int fd, int events, char *base, size
 static void
 wait_for_transfer(struct evt_loop *loop, VALUE io, int fd, int events)
 {
-    if (!evt_loop_wait_io(loop, io, fd, events, evt_timeout_ns(rb_io_timeout(io))))
+    if (!evt_loop_wait_io(loop, io, fd, events, evt_io_timeout_ns(rb_io_timeout(io))))
         rb_raise(rb_eIOTimeoutError, "Blocking operation timed out!");
 }
 
@@ -162,12 +168,12 @@ look_now(struct evt_loop *loop, VALUE io, int fd, int events)
 static VALUE
 loop_io_wait(VALUE self, VALUE io, VALUE events_value, VALUE timeout_value)
 {
-    struct evt_loop *loop = evt_loop_get(self);
+    struct evt_loop *loop = evt_object_get(self);
     io = rb_io_get_io(io);
     int fd = rb_io_descriptor(io);
     int events = NUM2INT(events_value) & EVT_EVENTS;
     if (NIL_P(timeout_value)) timeout_value = rb_io_timeout(io);
-    int64_t timeout = evt_timeout_ns(timeout_value);
+    int64_t timeout = evt_io_timeout_ns(timeout_value);
     int ready = look_now(loop, io, fd, events);
     if (ready) return INT2FIX(ready);
     if (timeout == 0 || events == 0) return Qfalse;
@@ -195,11 +201,11 @@ static long
 transfer_by_backend(struct evt_loop *loop, VALUE io, VALUE buffer, struct evt_op *op, int *timed_out)
 {
     struct evt_wait wait;
-    evt_wait_op(&wait, loop, io, op, buffer, evt_timeout_ns(rb_io_timeout(io)));
-    enum evt_outcome outcome = evt_suspend(&wait);
+    evt_wait_op(&wait, loop, io, op, buffer, evt_io_timeout_ns(rb_io_timeout(io)));
+    enum evt_outcome outcome = evt_loop_suspend(&wait);
     /* op->orphan: another thread closed the IO and took the buffer this transfer was aimed into
-     * from it (evt_io_closing; freed by now): Ruby must not go on with that buffer. */
-    if (outcome == EVT_CLOSED || op->orphan) evt_raise_closed();
+     * from it (evt_close_io; freed by now): Ruby must not go on with that buffer. */
+    if (outcome == EVT_CLOSED || op->orphan) evt_close_raise();
     *timed_out = outcome == EVT_TIMED_OUT && op->result <= 0;
     /* Resumed by some other fiber's transfer, not by the loop: leaving, it cancelled its own
      * transfer, which never ran. Nothing happened: try again (as after EINTR). */
@@ -284,7 +290,7 @@ struct transfer {
 static void
 transfer_open(struct transfer *t, VALUE self, VALUE io, VALUE buffer, off_t position, int events)
 {
-    t->loop = evt_loop_get(self);
+    t->loop = evt_object_get(self);
     t->io = rb_io_get_io(io); /* IO::Buffer#read and friends pass on whatever they were given (a Tempfile) */
     t->buffer = buffer;
     t->fd = rb_io_descriptor(t->io);
@@ -588,7 +594,7 @@ loop_io_pwrite_minimum(VALUE self, VALUE io, VALUE buffer, VALUE from, VALUE len
 VALUE
 evt_io_wait_once(VALUE self, VALUE io, VALUE events_value)
 {
-    struct evt_loop *loop = evt_loop_get(self);
+    struct evt_loop *loop = evt_object_get(self);
     io = rb_io_get_io(io);
     int fd = rb_io_descriptor(io);
     int events = NUM2INT(events_value) & EVT_EVENTS;
@@ -601,9 +607,9 @@ evt_io_wait_once(VALUE self, VALUE io, VALUE events_value)
     struct evt_wait wait;
     evt_wait_io(&wait, loop, io, fd, events, -1);
     wait.ready_now = ready;
-    switch (outcome_on_resume(io, evt_suspend(&wait))) {
+    switch (outcome_on_resume(io, evt_loop_suspend(&wait))) {
     case EVT_IO_READY: return INT2FIX(wait.waiter.ready);
-    case EVT_CLOSED: evt_raise_closed();
+    case EVT_CLOSED: evt_close_raise();
     default: return Qfalse;
     }
 }
@@ -631,7 +637,7 @@ evt_io_transfer_single(VALUE self, VALUE io, VALUE buffer, VALUE offset, VALUE l
 }
 
 void
-evt_io_hooks_init(VALUE cLoop)
+evt_io_init(VALUE cLoop)
 {
     rb_gc_register_address(&cBasicSocket);
     rb_define_method(cLoop, "io_wait", loop_io_wait, 3);

@@ -1,7 +1,7 @@
 /* The loop: suspending a fiber, and the run loop that resumes it.
  *
  * A fiber suspended in evt is described by one evt_wait on its own stack (nothing is allocated per
- * operation), made by a constructor (evt_wait_io, evt_wait_block...) and run by evt_suspend. Its
+ * operation), made by a constructor (evt_wait_io, evt_wait_block...) and run by evt_loop_suspend. Its
  * waiter is in the ready queue, or waits on a descriptor's registration, a timer, an unblock, or
  * several of these at once; waking it takes it out of all of them (waiters.c). The loop runs on the
  * loop fiber (the blocking fiber that drives the scheduler) and switches with rb_fiber_transfer only.
@@ -25,12 +25,16 @@
  * it as ready, however long the fibers of the turn kept the loop from looking (a busy loop timed
  * out readers whose data had long arrived: redis-client's reads under 8,192 connections).
  */
+#include "core.h"
+#include "registration.h"
+#include "waiter.h"
+#include "object.h"
+#include "close.h"
 #include "loop.h"
 
 #include <ruby/io/buffer.h>
 #include <ruby/thread.h>
 #ifdef __linux__
-#include <sys/prctl.h>
 #endif
 
 static VALUE eFiberError;
@@ -139,7 +143,7 @@ static void
 serve_requests(struct evt_loop *loop, int interrupts)
 {
     if (!loop->has_requests) return;
-    VALUE rest = evt_loop_serve_closes(loop);
+    VALUE rest = evt_close_serve(loop);
     if (NIL_P(rest)) return;
     if (!interrupts) {
         if (!NIL_P(loop->requests)) rb_ary_concat(rest, loop->requests);
@@ -163,7 +167,7 @@ serve_requests(struct evt_loop *loop, int interrupts)
         if (state) {
             for (long j = i + 1; j < RARRAY_LEN(rest); j++) {
                 VALUE later = RARRAY_AREF(rest, j);
-                evt_loop_request(loop, RARRAY_AREF(later, 0), RARRAY_AREF(later, 1));
+                evt_close_request(loop, RARRAY_AREF(later, 0), RARRAY_AREF(later, 1));
             }
             rb_jump_tag(state);
         }
@@ -264,36 +268,6 @@ fire_timers(struct evt_loop *loop, int64_t now)
  * while no timer is near, so an idle sleeper costs no CPU. */
 #define EVT_TIMER_SLACK_NS 1000
 #define EVT_SPIN_MAX_NS 100000
-
-static void
-tighten_timer_slack(struct evt_loop *loop)
-{
-#ifdef PR_SET_TIMERSLACK
-    if (RB_LIKELY(loop->slack_saved)) return;
-    int previous = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-    if (previous < 0 || prctl(PR_SET_TIMERSLACK, EVT_TIMER_SLACK_NS, 0, 0, 0) < 0) {
-        loop->slack_saved = -1; /* refused (a seccomp filter): waits keep the default slack */
-        return;
-    }
-    loop->saved_slack = previous;
-    loop->slack_thread = pthread_self();
-    loop->slack_saved = 1;
-#endif
-}
-
-/* Gives the thread its own timer slack back; not from another thread (a loop freed by the GC, or
- * moving to a new thread), whose slack this is not. */
-void
-evt_loop_restore_timer_slack(struct evt_loop *loop)
-{
-#ifdef PR_SET_TIMERSLACK
-    if (loop->slack_saved == 1 && pthread_equal(loop->slack_thread, pthread_self())) {
-        /* Nothing to do if refused: the thread keeps a tighter slack, which only costs wakeups. */
-        (void)prctl(PR_SET_TIMERSLACK, loop->saved_slack, 0, 0, 0);
-    }
-    loop->slack_saved = 0;
-#endif
-}
 
 /* After a wait of `timeout` from `start` that asked the kernel for `early` less and woke nobody:
  * learns how late the kernel's wait ended, if it ran out, then spins to the deadline unless it is
@@ -426,7 +400,7 @@ dispatch(struct evt_loop *loop, int fired)
     if (fired < 0) rb_syserr_fail_str(-fired, rb_sprintf("evt: waiting on the %s backend", loop->backend->name));
     for (int i = 0; i < fired; i++) {
         struct evt_fired event = loop->fired[i];
-        evt_loop_io_ready(loop, event.fd, event.generation, event.events);
+        evt_waiter_fired(loop, event.fd, event.generation, event.events);
     }
     if (loop->backend->complete) loop->backend->complete(loop);
     if (fired == loop->fired_capacity && loop->fired_capacity < EVT_FIRED_MAX) {
@@ -476,12 +450,12 @@ run_turns(VALUE ptr)
         serve_requests(loop, 1);
         if (resume_ready(loop, until)) return Qnil;
         if (!until && loop->waiting == 0) return Qnil;
-        if (!loop->backend_data) evt_loop_open(loop);
+        if (!loop->backend_data) evt_object_open(loop);
 
         int64_t now = evt_now_ns();
         int64_t timeout = poll_timeout(loop, now), early = 0;
         if (timeout > 0) {
-            tighten_timer_slack(loop);
+            evt_timers_tighten_slack(&loop->timers, EVT_TIMER_SLACK_NS);
             early = timeout < loop->wake_late_ns ? timeout : loop->wake_late_ns;
         }
         int capacity = loop->fired_capacity;
@@ -554,7 +528,7 @@ evt_loop_select(struct evt_loop *loop, int64_t timeout)
     serve_requests(loop, 1);
     size_t queued = loop->ready_count;
     resume_ready(loop, NULL); /* those ready now; what they push waits for the next select */
-    if (!loop->backend_data) evt_loop_open(loop);
+    if (!loop->backend_data) evt_object_open(loop);
     int fired = wait_in_kernel(loop, 0);
     serve_closes(loop);
     int woke = dispatch_now(loop, fired);
@@ -648,7 +622,7 @@ start_op(struct evt_loop *loop, struct evt_wait *wait)
         evt_list_append(&loop->operations, &w->io_link);
     }
     int err = loop->backend->transfer(loop, op);
-    if (err < 0) evt_loop_op_done(loop, op, err);
+    if (err < 0) evt_waiter_done(loop, op, err);
     else if (op->pending) loop->kernel_ops++;
 }
 
@@ -661,7 +635,7 @@ wait_on_loop_fiber(struct evt_loop *loop, struct evt_wait *wait)
     struct evt_waiter *w = &wait->waiter;
     if (wait->kind == EVT_WAIT_YIELD) return;
     while (w->state == EVT_WAITING) {
-        if (!loop->backend_data) evt_loop_open(loop);
+        if (!loop->backend_data) evt_object_open(loop);
         int64_t now = evt_now_ns();
         struct evt_timer *first = evt_timers_first(&loop->timers);
         int fired = wait_in_kernel(loop, first ? (first->deadline > now ? first->deadline - now : 0) : -1);
@@ -732,7 +706,7 @@ wait_ensure(VALUE ptr)
          * this frame and the buffer go. */
         if (wait->op->pending) loop->backend->cancel(loop, wait->op);
         if (wait->locked) rb_io_buffer_unlock(wait->buffer);
-        if (wait->op->orphan) evt_orphan_release(wait->op->orphan);
+        if (wait->op->orphan) evt_close_orphan_release(wait->op->orphan);
     }
     if (RB_UNLIKELY(wait->epoch != loop->epoch)) return Qnil; /* forgotten: a selector closed under it */
     if (wait->kind == EVT_WAIT_SELECT) {
@@ -759,14 +733,14 @@ wait_ensure(VALUE ptr)
 }
 
 enum evt_outcome
-evt_suspend(struct evt_wait *wait)
+evt_loop_suspend(struct evt_wait *wait)
 {
     rb_ensure(wait_body, (VALUE)wait, wait_ensure, (VALUE)wait);
     return (enum evt_outcome)wait->waiter.outcome;
 }
 
 void
-evt_loop_core_init(void)
+evt_loop_init(void)
 {
     eFiberError = rb_const_get(rb_cObject, rb_intern("FiberError"));
     id_alive_p = rb_intern("alive?");

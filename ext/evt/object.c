@@ -1,7 +1,9 @@
 /* The loop object: its memory and what the GC sees of it, its kernel objects (opened, closed,
  * inherited by a fork), the thread it belongs to, and the process's list of loops. The run loop is
  * in loop.c; what Ruby calls on Evt::Loop, in evt.c (the hooks in hooks.c). */
-#include "loop.h"
+#include "core.h"
+#include "registration.h"
+#include "object.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -36,7 +38,7 @@ static rb_ractor_local_key_t ractor_serial_key;
 static unsigned long ractor_serials; /* under loops_lock */
 
 unsigned long
-evt_ractor_serial(void)
+evt_object_ractor_serial(void)
 {
     unsigned long serial = (unsigned long)(uintptr_t)rb_ractor_local_storage_ptr(ractor_serial_key);
     if (RB_LIKELY(serial)) return serial;
@@ -77,9 +79,9 @@ visit_end(VALUE ptr)
 }
 
 void
-evt_ractor_each_loop(int (*wanted)(struct evt_loop *, void *), void (*visit)(struct evt_loop *, void *), void *arg)
+evt_object_each_in_ractor(int (*wanted)(struct evt_loop *, void *), void (*visit)(struct evt_loop *, void *), void *arg)
 {
-    unsigned long ractor = evt_ractor_serial(), round = 0;
+    unsigned long ractor = evt_object_ractor_serial(), round = 0;
     for (;;) {
         /* From the start each time: the visit may let the list change (other threads run, the GC
          * sweeps); `visited` says which loops this call has looked at. */
@@ -102,7 +104,8 @@ evt_ractor_each_loop(int (*wanted)(struct evt_loop *, void *), void (*visit)(str
 }
 
 /* Counts forks: every child increments it at once, so a loop can tell it was inherited. */
-volatile unsigned evt_forks;
+volatile unsigned evt_object_forks;
+VALUE evt_object_class;
 
 /* The list's lock is held across fork(2), so the child's is never left locked by a thread the
  * child does not have. */
@@ -121,7 +124,7 @@ evt_atfork_parent(void)
 static void
 evt_atfork_child(void)
 {
-    evt_forks++;
+    evt_object_forks++;
     loops_leave();
 }
 
@@ -213,17 +216,17 @@ pending_op(struct evt_loop *loop)
 }
 
 void
-evt_loop_close_backend(struct evt_loop *loop)
+evt_object_close_backend(struct evt_loop *loop)
 {
     if (!loop->backend_data) return;
     /* Closing a ring does not wait for what is in it: every transfer still there is cancelled and
      * reaped first (its fiber wakes), so nothing is written into its memory afterwards. Not in a
      * forked child, where they are the parent's, in the parent's memory. */
     struct evt_op *op;
-    while (loop->kernel_ops && loop->forks == evt_forks && (op = pending_op(loop))) loop->backend->cancel(loop, op);
+    while (loop->kernel_ops && loop->forks == evt_object_forks && (op = pending_op(loop))) loop->backend->cancel(loop, op);
     loop->backend->close(loop);
     loop->backend_data = NULL;
-    evt_loop_restore_timer_slack(loop);
+    evt_timers_restore_slack(&loop->timers);
     evt_wakeup_close(&loop->wakeup);
     /* Whatever the kernel knew is gone with its objects. */
     for (int fd = 0; fd < loop->registrations_size; fd++) {
@@ -234,7 +237,7 @@ evt_loop_close_backend(struct evt_loop *loop)
     }
 }
 
-/* The GC frees the loop; a visit under way (evt_ractor_each_loop) frees it when it is over. */
+/* The GC frees the loop; a visit under way (evt_object_each_in_ractor) frees it when it is over. */
 static void
 loop_free(void *ptr)
 {
@@ -250,7 +253,7 @@ loop_free(void *ptr)
 static void
 loop_release(struct evt_loop *loop)
 {
-    evt_loop_close_backend(loop);
+    evt_object_close_backend(loop);
     /* Only the heap waiters: the others live on fiber stacks that may already be gone. */
     EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);
     EACH_WAITER(&loop->spare, io_link, w) ruby_xfree(w);
@@ -310,7 +313,7 @@ static const rb_data_type_t loop_type = {
 };
 
 VALUE
-evt_loop_alloc(VALUE klass)
+evt_object_alloc(VALUE klass)
 {
     struct evt_loop *loop;
     VALUE self = TypedData_Make_Struct(klass, struct evt_loop, &loop_type, loop);
@@ -321,7 +324,7 @@ evt_loop_alloc(VALUE klass)
     loop->requests = Qnil;
     loop->early_unblock = Qnil;
     loop->launcher = loop->launch_caller = loop->launch_error = Qnil;
-    loop->ractor = evt_ractor_serial();
+    loop->ractor = evt_object_ractor_serial();
     loops_enter();
     evt_list_append(&evt_loops, &loop->link);
     loops_leave();
@@ -335,17 +338,17 @@ evt_loop_alloc(VALUE klass)
     loop->wakeup.read_fd = loop->wakeup.write_fd = -1;
     loop->fired_capacity = EVT_FIRED_INITIAL;
     loop->fired = ALLOC_N(struct evt_fired, loop->fired_capacity);
-    loop->forks = evt_forks;
+    loop->forks = evt_object_forks;
     return self;
 }
 
 void
-evt_loop_open(struct evt_loop *loop)
+evt_object_open(struct evt_loop *loop)
 {
     int err = evt_wakeup_open(&loop->wakeup);
     if (err == 0 && (err = loop->backend->open(loop)) < 0) evt_wakeup_close(&loop->wakeup);
     if (err < 0) rb_syserr_fail_str(-err, rb_sprintf("evt: opening the %s backend", loop->backend->name));
-    loop->forks = evt_forks;
+    loop->forks = evt_object_forks;
     /* After a close with fibers still waiting, the new kernel objects must watch for them too. */
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
@@ -358,7 +361,7 @@ evt_loop_open(struct evt_loop *loop)
  * as they are: the epoch tells their ensure the loop has forgotten them, so nothing here or there
  * touches the other. The kernel objects must be closed first (their operations reaped). */
 void
-evt_loop_forget(struct evt_loop *loop)
+evt_object_forget(struct evt_loop *loop)
 {
     EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);
     evt_list_init(&loop->allocated);
@@ -389,9 +392,9 @@ evt_loop_forget(struct evt_loop *loop)
 static void
 loop_after_fork(struct evt_loop *loop)
 {
-    evt_loop_close_backend(loop);
+    evt_object_close_backend(loop);
     loop->kernel_ops = 0; /* the parent's, in the parent's ring */
-    evt_loop_forget(loop);
+    evt_object_forget(loop);
     loop->requests = Qnil; /* the other threads are not in the child */
     loop->has_requests = 0;
     loop->launcher = Qnil; /* perhaps another thread's, which the child has not */
@@ -400,26 +403,26 @@ loop_after_fork(struct evt_loop *loop)
     loop->running = 0;
     loop->loop_fiber = loop->current = rb_fiber_current();
     loop->thread = rb_thread_current();
-    loop->forks = evt_forks;
+    loop->forks = evt_object_forks;
     if (loop->selector) loop->selector = 2; /* a selector is its loop fiber's, which the child has not: closed */
 }
 
 /* The loop, after any fork; the kernel objects may still be closed. */
 struct evt_loop *
-evt_loop_check(VALUE self)
+evt_object_check(VALUE self)
 {
-    struct evt_loop *loop = evt_loop_of(self);
+    struct evt_loop *loop = evt_object_of(self);
     if (RB_UNLIKELY(!loop->backend)) rb_raise(rb_eRuntimeError, "evt: the scheduler is not initialized");
-    if (RB_UNLIKELY(loop->forks != evt_forks)) loop_after_fork(loop);
+    if (RB_UNLIKELY(loop->forks != evt_object_forks)) loop_after_fork(loop);
     return loop;
 }
 
 /* The loop, for its own thread. A scheduler belongs to one thread; an idle one (no fiber waits in
  * it) moves to the thread that uses it next, as when it is made in one thread and set in another. */
 struct evt_loop *
-evt_loop_owned(VALUE self)
+evt_object_owned(VALUE self)
 {
-    struct evt_loop *loop = evt_loop_check(self);
+    struct evt_loop *loop = evt_object_check(self);
     VALUE thread = rb_thread_current();
     if (RB_UNLIKELY(thread != loop->thread)) {
         if (loop->selector) rb_raise(rb_eThreadError, "evt: this selector belongs to another thread (its loop fiber's)");
@@ -428,30 +431,32 @@ evt_loop_owned(VALUE self)
         loop->thread = thread;
         loop->loop_fiber = loop->current = rb_fiber_current();
         loop->launcher = Qnil; /* a fiber belongs to its thread */
-        evt_loop_close_backend(loop); /* reopened by the new thread: a ring may take one submitter only */
+        evt_object_close_backend(loop); /* reopened by the new thread: a ring may take one submitter only */
     }
     return loop;
 }
 
 /* The loop, ready to use by its thread: a closed one opens again. */
 struct evt_loop *
-evt_loop_get(VALUE self)
+evt_object_get(VALUE self)
 {
-    struct evt_loop *loop = evt_loop_owned(self);
-    if (RB_UNLIKELY(!loop->backend_data)) evt_loop_open(loop);
+    struct evt_loop *loop = evt_object_owned(self);
+    if (RB_UNLIKELY(!loop->backend_data)) evt_object_open(loop);
     return loop;
 }
 
 /* The loop of an Evt::Loop, as it is (not initialized, or inherited by a fork). */
 struct evt_loop *
-evt_loop_of(VALUE self)
+evt_object_of(VALUE self)
 {
     return rb_check_typeddata(self, &loop_type);
 }
 
 void
-evt_object_init(void)
+evt_object_init(VALUE mEvt)
 {
+    evt_object_class = rb_define_class_under(mEvt, "Loop", rb_cObject);
+    rb_define_alloc_func(evt_object_class, evt_object_alloc);
     ractor_serial_key = rb_ractor_local_storage_ptr_newkey(&ractor_serial_type);
     rb_gc_register_address(&loop_registry);
     loop_registry = TypedData_Wrap_Struct(0, &loop_registry_type, NULL);

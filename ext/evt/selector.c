@@ -13,7 +13,12 @@
  *     leaves it however the fiber comes back (evt_wait_yield/evt_wait_start), push puts any object
  *     answering alive? and transfer there;
  *   - a wait made by the loop fiber itself blocks it, as without a scheduler. */
+#include "core.h"
+#include "wait.h"
+#include "object.h"
 #include "loop.h"
+#include "io.h"
+#include "selector.h"
 
 #include <ruby/fiber/scheduler.h>
 #include <ruby/io/buffer.h>
@@ -28,7 +33,7 @@ static VALUE cSelector;
 static struct evt_loop *
 selector_get(VALUE self)
 {
-    struct evt_loop *loop = evt_loop_check(self);
+    struct evt_loop *loop = evt_object_check(self);
     if (RB_UNLIKELY(!loop->selector)) rb_raise(rb_eRuntimeError, "evt: the selector is not initialized");
     return loop;
 }
@@ -39,14 +44,14 @@ selector_open(VALUE self)
 {
     struct evt_loop *loop = selector_get(self);
     if (RB_UNLIKELY(loop->selector == 2)) rb_raise(rb_eIOError, "evt: the selector is closed");
-    return evt_loop_get(self);
+    return evt_object_get(self);
 }
 
 /* become_selector(loop_fiber): called by initialize, once Evt::Loop#initialize has opened the backend. */
 static VALUE
 selector_become(VALUE self, VALUE loop_fiber)
 {
-    struct evt_loop *loop = evt_loop_of(self);
+    struct evt_loop *loop = evt_object_of(self);
     if (!rb_obj_is_fiber(loop_fiber))
         rb_raise(rb_eTypeError, "evt: a selector's loop must be a Fiber, not %" PRIsVALUE, rb_obj_class(loop_fiber));
     loop->selector = 1;
@@ -90,7 +95,7 @@ selector_yield(VALUE self)
     struct evt_loop *loop = selector_open(self);
     struct evt_wait wait;
     evt_wait_yield(&wait, loop);
-    evt_suspend(&wait);
+    evt_loop_suspend(&wait);
     return Qnil;
 }
 
@@ -105,7 +110,7 @@ start(int argc, VALUE *argv, VALUE self, int raise)
     wait.argv = argv + 1;
     wait.raise = raise;
     wait.kw_splat = rb_keyword_given_p() ? RB_PASS_KEYWORDS : RB_NO_KEYWORDS;
-    evt_suspend(&wait);
+    evt_loop_suspend(&wait);
     return wait.value;
 }
 
@@ -141,8 +146,8 @@ selector_raise(int argc, VALUE *argv, VALUE self)
 static VALUE
 selector_push(VALUE self, VALUE fiber)
 {
-    /* Not selector_get: another thread may push, and a forked child's loop is reset by evt_loop_check. */
-    evt_loop_push(evt_loop_check(self), fiber);
+    /* Not selector_get: another thread may push, and a forked child's loop is reset by evt_object_check. */
+    evt_loop_push(evt_object_check(self), fiber);
     return Qnil;
 }
 
@@ -170,7 +175,7 @@ selector_select(VALUE self, VALUE duration)
     struct evt_loop *loop = selector_open(self);
     if (!NIL_P(duration) && !rb_obj_is_kind_of(duration, rb_cNumeric))
         rb_raise(rb_eTypeError, "evt: select duration must be nil or Numeric, not %" PRIsVALUE, rb_obj_class(duration));
-    int64_t timeout = evt_timeout_ns(duration);
+    int64_t timeout = evt_io_timeout_ns(duration);
     return INT2FIX(evt_loop_select(loop, timeout));
 }
 
@@ -182,7 +187,7 @@ selector_select(VALUE self, VALUE duration)
 static VALUE
 selector_idle_duration(VALUE self)
 {
-    return DBL2NUM((double)evt_loop_of(self)->idle_ns / 1e9);
+    return DBL2NUM((double)evt_object_of(self)->idle_ns / 1e9);
 }
 
 /*
@@ -193,7 +198,7 @@ selector_idle_duration(VALUE self)
 static VALUE
 selector_wakeup(VALUE self)
 {
-    return evt_loop_wake(evt_loop_of(self)) ? Qtrue : Qfalse;
+    return evt_loop_wake(evt_object_of(self)) ? Qtrue : Qfalse;
 }
 
 /*
@@ -204,14 +209,14 @@ selector_wakeup(VALUE self)
 static VALUE
 selector_close(VALUE self)
 {
-    struct evt_loop *loop = evt_loop_check(self);
+    struct evt_loop *loop = evt_object_check(self);
     if (loop->selector == 2) return Qnil;
     if (loop->thread != rb_thread_current())
         rb_raise(rb_eThreadError, "evt: a selector is closed by its own thread (its loop fiber's)");
-    evt_loop_close_backend(loop);
+    evt_object_close_backend(loop);
     /* The fibers still suspended in it are not resumed by it any more: it forgets them now, while
      * their stacks are known to be there (dropped with the selector, they may be freed before it). */
-    evt_loop_forget(loop);
+    evt_object_forget(loop);
     loop->selector = 2; /* closed for good: select and the waits do not open it again */
     return Qnil;
 }
@@ -224,8 +229,8 @@ selector_close(VALUE self)
 static VALUE
 selector_closed_p(VALUE self)
 {
-    struct evt_loop *loop = evt_loop_of(self);
-    return loop->selector == 2 || loop->forks != evt_forks ? Qtrue : Qfalse;
+    struct evt_loop *loop = evt_object_of(self);
+    return loop->selector == 2 || loop->forks != evt_object_forks ? Qtrue : Qfalse;
 }
 
 /*

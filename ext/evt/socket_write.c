@@ -23,7 +23,9 @@
  * IO#write, which waits through the scheduler under the IO's write lock and raises its errors; an
  * error goes there too, to be met again and raised as Ruby raises it. Anything else is Ruby's
  * IO#write untouched. Nothing here waits, so no other fiber can write in between. */
-#include "loop.h"
+#include "core.h"
+#include "object.h"
+#include "socket_write.h"
 
 #include <errno.h>
 #include <sys/socket.h>
@@ -62,7 +64,7 @@ socket_write(int argc, VALUE *argv, VALUE self)
 {
     if (argc < 1 || argc > SOCKET_WRITE_MAX) return rb_call_super(argc, argv);
     VALUE scheduler = rb_fiber_scheduler_current();
-    if (NIL_P(scheduler) || !RTEST(rb_obj_is_kind_of(scheduler, evt_cLoop))) return rb_call_super(argc, argv);
+    if (NIL_P(scheduler) || !RTEST(rb_obj_is_kind_of(scheduler, evt_object_class))) return rb_call_super(argc, argv);
     for (int i = 0; i < argc; i++) {
         /* Anything else would have #to_s called twice should the rest go through Ruby's path. */
         if (!RB_TYPE_P(argv[i], T_STRING)) return rb_call_super(argc, argv);

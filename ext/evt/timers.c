@@ -1,6 +1,9 @@
 #include "timers.h"
 
 #include <ruby.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 static inline int
 earlier(const struct evt_timer *a, const struct evt_timer *b)
@@ -49,6 +52,8 @@ evt_timers_init(struct evt_timers *timers)
     timers->heap = NULL;
     timers->size = timers->capacity = 0;
     timers->next_sequence = 0;
+    timers->slack_saved = 0;
+    timers->saved_slack = 0;
 }
 
 void
@@ -90,4 +95,35 @@ evt_timers_remove(struct evt_timers *timers, struct evt_timer *timer)
     place(timers, index, last);
     if (index > 0 && earlier(last, timers->heap[(index - 1) / 2])) sift_up(timers, index);
     else sift_down(timers, index);
+}
+
+void
+evt_timers_tighten_slack(struct evt_timers *timers, int ns)
+{
+#ifdef PR_SET_TIMERSLACK
+    if (RB_LIKELY(timers->slack_saved)) return;
+    int previous = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (previous < 0 || prctl(PR_SET_TIMERSLACK, ns, 0, 0, 0) < 0) {
+        timers->slack_saved = -1; /* refused (a seccomp filter): waits keep the default slack */
+        return;
+    }
+    timers->saved_slack = previous;
+    timers->slack_thread = pthread_self();
+    timers->slack_saved = 1;
+#else
+    (void)timers;
+    (void)ns;
+#endif
+}
+
+void
+evt_timers_restore_slack(struct evt_timers *timers)
+{
+#ifdef PR_SET_TIMERSLACK
+    if (timers->slack_saved == 1 && pthread_equal(timers->slack_thread, pthread_self())) {
+        /* Nothing to do if refused: the thread keeps a tighter slack, which only costs wakeups. */
+        (void)prctl(PR_SET_TIMERSLACK, timers->saved_slack, 0, 0, 0);
+    }
+#endif
+    timers->slack_saved = 0;
 }

@@ -4,6 +4,7 @@
 #ifndef EVT_TIMERS_H
 #define EVT_TIMERS_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stddef.h>
 
@@ -20,6 +21,9 @@ struct evt_timers {
     struct evt_timer **heap;
     size_t size, capacity;
     uint64_t next_sequence;
+    int slack_saved;          /* the thread's timer slack is tightened (saved_slack is what it was); -1: refused */
+    int saved_slack;
+    pthread_t slack_thread;
 };
 
 void evt_timers_init(struct evt_timers *timers);
@@ -28,6 +32,13 @@ void evt_timers_clear(struct evt_timers *timers);
 /* Adds an inactive timer; grows the heap (raising NoMemoryError) only when it is full. */
 void evt_timers_add(struct evt_timers *timers, struct evt_timer *timer, int64_t deadline);
 void evt_timers_remove(struct evt_timers *timers, struct evt_timer *timer);
+
+/* A kernel wait with a timeout ends up to the thread's timer slack late (50 µs by default, which
+ * epoll and poll add to every timeout). The loop tightens its thread's slack to `ns` while it
+ * waits on timers, and gives it back when its kernel objects close; not from another thread (a
+ * loop freed by the GC, or moving to a new thread), whose slack it is not. */
+void evt_timers_tighten_slack(struct evt_timers *timers, int ns);
+void evt_timers_restore_slack(struct evt_timers *timers);
 
 static inline void
 evt_timer_init(struct evt_timer *timer, int kind)

@@ -225,7 +225,7 @@ module Evt
       end
 
       # IO#close (and close_read, close_write) of +io+, from any thread, before the descriptor
-      # closes (see evt_io_closing in close.c): the waiters on that IO object, in every select loop
+      # closes (see evt_close_io in close.c): the waiters on that IO object, in every select loop
       # that knows it, raise IOError. The block, if given, says whether the call closes the
       # descriptor at all; it is asked only when a loop knows +io+ (it may cost system calls).
       #

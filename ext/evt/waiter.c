@@ -1,0 +1,94 @@
+/* Waiters: a suspended fiber's place in the loop's structures (a registration's list, the timers,
+ * the unblockable table, the ready queue), and waking it, which is what the backends' reports
+ * (events fired on a descriptor, a transfer done) come down to. */
+#include "core.h"
+#include "registration.h"
+#include "waiter.h"
+
+/* Hangs a waiter on its descriptor's registration, arming the backend when the interest grows.
+ * A descriptor the kernel cannot poll (a regular file) is always ready: the waiter wakes at once. */
+void
+evt_waiter_attach(struct evt_loop *loop, struct evt_waiter *w, VALUE io)
+{
+    struct evt_registration *reg = evt_registration_get(loop, w->fd, io);
+    w->io = io;
+    if (RB_UNLIKELY(reg->closing == io)) {
+        evt_waiter_wake(loop, w->owner ? w->owner : w, EVT_CLOSED, 0);
+        return;
+    }
+    int err = evt_registration_join(loop, w->fd, reg, w->events);
+    if (err < 0) {
+        if (err != -EPERM) rb_syserr_fail_str(-err, rb_sprintf("evt: watching descriptor %d", w->fd));
+        evt_waiter_wake(loop, w->owner ? w->owner : w, EVT_IO_READY, w->events);
+        return;
+    }
+    evt_list_append(&reg->waiters, &w->io_link);
+}
+
+/* Takes the waiter out of everything it waits on (not out of the ready queue). */
+void
+evt_waiter_detach(struct evt_loop *loop, struct evt_waiter *w)
+{
+    if (evt_list_linked(&w->io_link)) {
+        evt_list_remove(&w->io_link);
+        if (w->fd >= 0) evt_registration_leave(loop, w); /* else it was in loop->operations */
+    }
+    if (evt_timer_active(&w->timer)) evt_timers_remove(&loop->timers, &w->timer);
+    if (w->unblockable) {
+        st_data_t key = (st_data_t)w->fiber;
+        st_delete(loop->unblockable, &key, NULL);
+        w->unblockable = 0;
+    }
+}
+
+void
+evt_waiter_ready(struct evt_loop *loop, struct evt_waiter *w)
+{
+    w->state = EVT_READY;
+    evt_list_append(RB_UNLIKELY(loop->dispatching) ? &loop->dispatched : &loop->ready, &w->ready_link);
+    loop->ready_count++;
+}
+
+void
+evt_waiter_wake(struct evt_loop *loop, struct evt_waiter *w, enum evt_outcome outcome, int ready)
+{
+    if (w->state != EVT_WAITING) return;
+    evt_waiter_detach(loop, w);
+    w->outcome = (unsigned char)outcome;
+    w->ready = ready;
+    evt_waiter_ready(loop, w);
+}
+
+/* A readiness backend's report: `events` fired on fd, registered as `generation`. */
+void
+evt_waiter_fired(struct evt_loop *loop, int fd, uint32_t generation, int events)
+{
+    if (fd < 0 || fd >= loop->registrations_size) return;
+    struct evt_registration *reg = loop->registrations[fd];
+    if (!reg || reg->generation != generation) return; /* an older file that had this number */
+    reg->exhausted &= ~events;
+    EACH_WAITER(&reg->waiters, io_link, w) {
+        int ready = w->events & events;
+        if (!ready) continue;
+        if (w->owner) {
+            /* One of an io_select's IOs: wake the select, which looks at all of them again. */
+            evt_list_remove(&w->io_link);
+            evt_registration_leave(loop, w);
+            evt_waiter_wake(loop, w->owner, EVT_IO_READY, ready);
+        }
+        else {
+            evt_waiter_wake(loop, w, EVT_IO_READY, ready);
+        }
+    }
+}
+
+/* A completion backend's report: `op` is done, with `result`. */
+void
+evt_waiter_done(struct evt_loop *loop, struct evt_op *op, long result)
+{
+    op->result = result;
+    if (op->pending) loop->kernel_ops--;
+    op->pending = 0;
+    evt_waiter_wake(loop, op->waiter, EVT_DONE, 0); /* nothing when its fiber is already on its way out */
+}
+
