@@ -2,7 +2,6 @@
 
 require_relative "evt/version"
 require_relative "evt/hooks"
-require_relative "evt/select_loop"
 
 module Evt
   # Loads the C extension (Evt::Loop and its backends); nil when it is loaded, else why not. Where
@@ -22,23 +21,16 @@ module Evt
   end
   private_class_method :load_extension
 
+  # The pure-Ruby loop: loaded at its first use (without the extension, at once).
+  autoload :SelectLoop, File.expand_path("evt/select_loop", __dir__)
+
   # Why the C extension is not in use, or nil when it is.
   EXTENSION_MISSING = load_extension
   if EXTENSION_MISSING
     warn "evt: the C extension is not loaded (#{EXTENSION_MISSING}): using the pure-Ruby select backend" \
       unless ENV["EVT_NO_EXTENSION"] == "1"
     # The loop Evt::Scheduler runs on: the select loop, where the extension would have put its own.
-    class Loop
-      include SelectLoop
-
-      def self.backends
-        SelectLoop.backends
-      end
-
-      def self.probe(name)
-        SelectLoop.probe(name)
-      end
-    end
+    class Loop < SelectLoop; end
   end
 
   # @return [Boolean] whether the C extension (io_uring, epoll and poll backends) is loaded.

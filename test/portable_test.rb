@@ -48,6 +48,23 @@ class PortableTest < Minitest::Test
     w&.close
   end
 
+  # The pure-Ruby loop (and its Process._fork and IO#close patches) costs nothing where it is not
+  # used; its scheduler is a sibling of the C one, sharing the hooks written in Ruby.
+  def test_the_pure_ruby_loop_is_loaded_only_when_used
+    skip "without the extension the pure-Ruby loop is the loop" unless Evt.extension?
+    out, err, status = run_ruby(<<~RUBY)
+      require "evt"
+      loaded = -> { $LOADED_FEATURES.grep(%r{evt/select_loop}).size }
+      before = [loaded.call, Process.singleton_class.ancestors.map(&:to_s).grep(/Evt/)]
+      Evt.run { sleep 0.001 }
+      ran = loaded.call
+      scheduler = Evt::SelectScheduler.new
+      p [before, ran, loaded.call.positive?, scheduler.is_a?(Evt::Loop), scheduler.is_a?(Evt::Scheduling)]
+    RUBY
+    assert status.success?, err
+    assert_equal "[[0, []], 0, true, false, true]\n", out
+  end
+
   def test_evt_no_extension_runs_on_the_select_backend_without_a_warning
     out, err, status = run_ruby(<<~RUBY, env: {"EVT_NO_EXTENSION" => "1"})
       require "evt"

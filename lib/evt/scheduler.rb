@@ -283,51 +283,17 @@ module Evt
     end
   end
 
-  # A Fiber Scheduler: `Fiber.set_scheduler(Evt::Scheduler.new)` makes every blocking operation in a
-  # non-blocking fiber of this thread wait in the event loop, while the other fibers run.
-  #
-  # The hooks Ruby calls on the hot path live in C, in {Evt::Loop} (ext/evt/io.c, hooks.c); the
-  # pure-Ruby loop has them in Ruby ({SelectLoop}). The hooks written in Ruby for every loop are in
-  # {Scheduling}. Evt::HOOKS (lib/evt/hooks.rb) lists every hook once, with where it lives.
-  #
-  # The `select` backend is select(2) in the C loop where the extension has it (Linux builds); where
-  # the extension is not loaded, Evt::Scheduler itself runs on the pure-Ruby loop ({SelectLoop}),
-  # and {SelectScheduler} offers that loop on request.
-  class Scheduler < Loop
-    prepend Scheduling
-
+  # How a scheduler class picks its backend: shared by {Scheduler} and {SelectScheduler}.
+  module Choosing
     # @return [Array<Symbol>] the backends that can run on this machine, fastest first (`select`
-    #   is always there, and last).
-    def self.availables
-      Loop.backends.select { |name| Loop.probe(name).nil? } | SelectLoop.backends
+    #   is always there, and last: the pure-Ruby loop has it where the C loop does not).
+    def availables
+      Loop.backends.select { |name| Loop.probe(name).nil? } | [:select]
     end
 
-    # @see #initialize
-    # @return [Scheduler, SelectScheduler] a {SelectScheduler} for the select backend where the C
-    #   extension is loaded but has no select backend of its own (not Linux).
-    # @raise [ArgumentError] a subclass asked for the select backend there (subclass
-    #   {SelectScheduler} for that).
-    def self.new(*arguments, **options, &block)
-      if !(self <= SelectLoop) && !Loop.backends.include?(:select) && choose_backend(options[:backend]) == :select
-        unless equal?(Scheduler)
-          raise ArgumentError, "evt: #{self} runs on the C loop, which has no select backend on this platform; " \
-                               "for the pure-Ruby one, subclass Evt::SelectScheduler"
-        end
+    private
 
-        return SelectScheduler.new(*arguments, **options, &block)
-      end
-      super
-    end
-
-    # @param backend [Symbol, String, nil] the event mechanism: one of {availables}. nil takes
-    #   EVT_BACKEND from the environment if set, else the fastest available.
-    # @raise [ArgumentError] the backend is unknown or cannot run here.
-    # @raise [TypeError] backend is not a Symbol, String or nil.
-    def initialize(backend: nil)
-      super(self.class.send(:choose_backend, backend))
-    end
-
-    def self.choose_backend(requested)
+    def choose_backend(requested)
       name = requested
       source = "backend"
       if name.nil?
@@ -347,27 +313,47 @@ module Evt
       reason = Loop.backends.include?(name) ? "cannot run here (#{Loop.probe(name)})" : "is unknown"
       raise ArgumentError, "evt: #{source} #{name.inspect} #{reason}; available: #{available.map(&:inspect).join(", ")}"
     end
-    private_class_method :choose_backend
   end
 
-  # The pure-Ruby loop ({SelectLoop}) where the C extension is loaded: an Evt::Scheduler whose loop
-  # is the Ruby one instead of the C one (whose methods it overrides, every one). On request, or made
-  # by `Evt::Scheduler.new(backend: :select)` where the extension has no select backend. Where the
-  # extension is not loaded, Evt::Loop is the select loop and Evt::Scheduler runs on it directly.
-  class SelectScheduler < Scheduler
-    include SelectLoop
-    prepend Scheduling # again: before the select loop's methods
+  # A Fiber Scheduler: `Fiber.set_scheduler(Evt::Scheduler.new)` makes every blocking operation in a
+  # non-blocking fiber of this thread wait in the event loop, while the other fibers run.
+  #
+  # The hooks Ruby calls on the hot path live in C, in {Evt::Loop} (ext/evt/io.c, hooks.c); the
+  # pure-Ruby loop has them in Ruby ({SelectLoop}). The hooks written in Ruby for every loop are in
+  # {Scheduling}. Evt::HOOKS (lib/evt/hooks.rb) lists every hook once, with where it lives.
+  #
+  # The `select` backend is select(2) in the C loop where the extension has it (Linux builds); where
+  # the extension is not loaded, Evt::Loop is the pure-Ruby loop ({SelectLoop}) and Evt::Scheduler
+  # runs on it; {SelectScheduler} offers that loop on request.
+  class Scheduler < Loop
+    prepend Scheduling
+    extend Choosing
 
-    # The hooks the pure-Ruby loop leaves to Ruby on this Ruby (see Evt::RUBY_LOOP_LEAVES).
-    RUBY_LOOP_LEAVES.each { |hook| undef_method(hook) if method_defined?(hook) }
+    # @see #initialize
+    # @return [Scheduler, SelectScheduler] a {SelectScheduler} for the select backend where the C
+    #   extension is loaded but has no select backend of its own (not Linux).
+    # @raise [ArgumentError] a subclass asked for the select backend there (subclass
+    #   {SelectScheduler} for that).
+    def self.new(*arguments, **options, &block)
+      if Evt.extension? && !Loop.backends.include?(:select) && choose_backend(options[:backend]) == :select
+        unless equal?(Scheduler)
+          raise ArgumentError, "evt: #{self} runs on the C loop, which has no select backend on this platform; " \
+                               "for the pure-Ruby one, subclass Evt::SelectScheduler"
+        end
 
-    # @param backend [Symbol, String, nil] :select (the only one this class runs) or nil
-    def initialize(backend: :select)
-      name = Scheduler.__send__(:choose_backend, backend || :select)
-      raise ArgumentError, "evt: #{self.class} runs the select backend only, not #{name.inspect}" unless name == :select
+        return SelectScheduler.new(*arguments, **options, &block)
+      end
+      super
+    end
 
-      # Without the extension, Evt::Loop is the select loop already: this class is a plain Scheduler.
-      Evt.extension? ? super(name) : super(backend: name)
+    # @param backend [Symbol, String, nil] the event mechanism: one of {availables}. nil takes
+    #   EVT_BACKEND from the environment if set, else the fastest available.
+    # @raise [ArgumentError] the backend is unknown or cannot run here.
+    # @raise [TypeError] backend is not a Symbol, String or nil.
+    def initialize(backend: nil)
+      super(self.class.send(:choose_backend, backend))
     end
   end
+
+  autoload :SelectScheduler, File.expand_path("select_scheduler", __dir__)
 end
