@@ -9,6 +9,12 @@
 # kept, each built on evt's scheduler the way a user's subclass would be, so the tests see how evt
 # copes with them.
 require "evt"
+require "socket"
+begin
+  require "io/nonblock" # Ruby's scheduler.rb loads it, and its tests call IO#nonblock=
+rescue LoadError
+  nil
+end
 
 # Evt::Scheduler, plus the two helpers of Ruby's reference scheduler that its tests call besides the
 # hooks: #transfer and #waiting.
