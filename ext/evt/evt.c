@@ -142,7 +142,7 @@ loop_run_m(VALUE self)
                                      "not inside a scheduled fiber");
         loop->loop_fiber = current;
     }
-    evt_loop_run(loop, NULL);
+    evt_loop_run(loop, EVT_RUN_DEFAULT, NULL, -1);
     return self;
 }
 

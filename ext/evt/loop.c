@@ -287,16 +287,23 @@ wait_out_timer(struct evt_loop *loop, int64_t start, int64_t timeout, int64_t ea
     while (woke < deadline) woke = evt_now_ns();
 }
 
-/* Nanoseconds the kernel may block: none while fibers are ready or requests wait (a request made
- * while the fibers ran saw no wait to end: take it now rather than after one), else until the first
- * timer, else no limit (-1). */
+/* Nanoseconds until the first timer is due (0: due now), or -1: no timer. */
+static int64_t
+until_first_timer(struct evt_loop *loop, int64_t now)
+{
+    struct evt_timer *first = evt_timers_first(&loop->timers);
+    if (!first) return -1;
+    return first->deadline > now ? first->deadline - now : 0;
+}
+
+/* Nanoseconds the kernel may block in a turn: none while fibers are ready or requests wait (a
+ * request made while the fibers ran saw no wait to end: take it now rather than after one), else
+ * until the first timer, else no limit (-1). */
 static int64_t
 poll_timeout(struct evt_loop *loop, int64_t now)
 {
     if (loop->ready_count || loop->has_requests) return 0;
-    struct evt_timer *first = evt_timers_first(&loop->timers);
-    if (!first) return -1;
-    return first->deadline > now ? first->deadline - now : 0;
+    return until_first_timer(loop, now);
 }
 
 struct kernel_wait {
@@ -416,40 +423,69 @@ check_interrupts(void)
     rb_thread_check_ints();
 }
 
+/* ---- the collect step, the same in every mode ----------------------------------------------- */
+
+/* Waits in the kernel up to `timeout` ns (0: a look), serves the closes other threads made
+ * meanwhile, hands the events to their waiters, then raises what interrupted the wait. In
+ * EVT_RUN_ONCE (a selector's select) the woken waiters go to loop->dispatched, for the select to
+ * resume before it returns, and the thread's interrupts stay pending for async, which masks them;
+ * every other mode checks them here. Returns what the backend's wait returned. */
+static int
+collect(struct evt_loop *loop, int64_t timeout, enum evt_run_mode mode)
+{
+    int64_t start = mode == EVT_RUN_ONCE && timeout != 0 ? evt_now_ns() : 0;
+    int fired = wait_in_kernel(loop, timeout);
+    if (start) loop->idle_ns = evt_now_ns() - start;
+    serve_closes(loop);
+    if (mode != EVT_RUN_ONCE) {
+        dispatch(loop, fired);
+        raise_interrupted(loop);
+        check_interrupts();
+        return fired;
+    }
+    if (fired < 0) {
+        raise_interrupted(loop);
+        dispatch(loop, fired); /* raises */
+    }
+    loop->dispatching = 1;
+    dispatch(loop, fired);
+    loop->dispatching = 0;
+    raise_interrupted(loop);
+    return fired;
+}
+
 /* A readiness backend's wait filled the array: more events may wait in the kernel. When timers are
  * due, they are collected first (a few more looks, each with a larger array), so that no waiter
  * times out on an event the kernel already had: thousands of readers whose data came together
  * timed out all but the first 64. */
 static void
-collect_before_timers(struct evt_loop *loop)
+collect_before_timers(struct evt_loop *loop, enum evt_run_mode mode)
 {
     for (int looks = 0; looks < 8; looks++) {
         if (!evt_loop_timer_due(loop)) return;
         int capacity = loop->fired_capacity;
-        int fired = wait_in_kernel(loop, 0);
-        serve_closes(loop);
-        dispatch(loop, fired);
-        raise_interrupted(loop);
-        check_interrupts();
-        if (fired < capacity) return;
+        if (collect(loop, 0, mode) < capacity) return;
     }
 }
 
+/* ---- the modes ----------------------------------------------------------------------------------- */
+
 struct run {
     struct evt_loop *loop;
+    enum evt_run_mode mode;
     struct evt_waiter *until;
 };
 
-/* Turns until no fiber waits, or, when `until` is given, until that waiter is resumed. */
+/* EVT_RUN_DEFAULT and EVT_RUN_UNTIL: whole turns, each phase one call, in this order. */
 static VALUE
 run_turns(VALUE ptr)
 {
-    struct evt_loop *loop = ((struct run *)ptr)->loop;
-    struct evt_waiter *until = ((struct run *)ptr)->until;
+    struct run *run = (struct run *)ptr;
+    struct evt_loop *loop = run->loop;
     for (;;) {
         serve_requests(loop, 1);
-        if (resume_ready(loop, until)) return Qnil;
-        if (!until && loop->waiting == 0) return Qnil;
+        if (resume_ready(loop, run->until)) return Qnil;
+        if (run->mode == EVT_RUN_DEFAULT && loop->waiting == 0) return Qnil;
         if (!loop->backend_data) evt_object_open(loop);
 
         int64_t now = evt_now_ns();
@@ -459,13 +495,9 @@ run_turns(VALUE ptr)
             early = timeout < loop->wake_late_ns ? timeout : loop->wake_late_ns;
         }
         int capacity = loop->fired_capacity;
-        int fired = wait_in_kernel(loop, timeout - early);
-        serve_closes(loop);
-        dispatch(loop, fired);
-        raise_interrupted(loop);
-        check_interrupts();
+        int fired = collect(loop, timeout - early, run->mode);
         if (timeout > 0 && !loop->ready_count) wait_out_timer(loop, now, timeout, early);
-        if (fired == capacity) collect_before_timers(loop);
+        if (fired == capacity) collect_before_timers(loop, run->mode);
         fire_timers(loop, evt_now_ns());
     }
 }
@@ -478,16 +510,6 @@ run_done(VALUE ptr)
     loop->current = loop->loop_fiber;
     return Qnil;
 }
-
-void
-evt_loop_run(struct evt_loop *loop, struct evt_waiter *until)
-{
-    struct run run = {loop, until};
-    loop->running++;
-    rb_ensure(run_turns, (VALUE)&run, run_done, (VALUE)&run);
-}
-
-/* ---- the selector's turn: async's loop calls select, evt's phases do the rest ------------------- */
 
 /* Resumes the waiters this select's events woke (loop->dispatched), in order: the number resumed. */
 static int
@@ -505,48 +527,62 @@ resume_dispatched(struct evt_loop *loop)
     return count;
 }
 
-/* Dispatches what a wait collected into loop->dispatched, and resumes those waiters now: entries
- * pushed meanwhile wait in loop->ready for the next select, as io-event's selectors have it. */
+/* EVT_RUN_ONCE, a selector's select(timeout): the fibers ready when it starts (what they push waits
+ * for the next select), a look at the kernel, and the waiters it woke; only when none of that did
+ * anything, one wait up to `timeout` (or the first timer) and the waiters it woke, as io-event's
+ * selectors have it. evt's own timers fire after each (IO#timeout on transfers the ring waits for). */
 static int
-dispatch_now(struct evt_loop *loop, int fired)
-{
-    if (fired < 0) {
-        raise_interrupted(loop);
-        dispatch(loop, fired); /* raises */
-    }
-    loop->dispatching = 1;
-    dispatch(loop, fired);
-    loop->dispatching = 0;
-    raise_interrupted(loop);
-    return resume_dispatched(loop);
-}
-
-int
-evt_loop_select(struct evt_loop *loop, int64_t timeout)
+run_once(struct evt_loop *loop, int64_t timeout)
 {
     loop->idle_ns = 0;
     serve_requests(loop, 1);
     size_t queued = loop->ready_count;
-    resume_ready(loop, NULL); /* those ready now; what they push waits for the next select */
+    resume_ready(loop, NULL);
     if (!loop->backend_data) evt_object_open(loop);
-    int fired = wait_in_kernel(loop, 0);
-    serve_closes(loop);
-    int woke = dispatch_now(loop, fired);
-    fire_timers(loop, evt_now_ns()); /* evt's own: IO#timeout on transfers the ring waits for */
+    collect(loop, 0, EVT_RUN_ONCE);
+    int woke = resume_dispatched(loop);
+    fire_timers(loop, evt_now_ns());
     if (queued || woke || loop->ready_count || loop->has_requests || timeout == 0) return woke;
 
-    int64_t now = evt_now_ns();
-    struct evt_timer *first = evt_timers_first(&loop->timers);
-    if (first) {
-        int64_t until_timer = first->deadline > now ? first->deadline - now : 0;
-        if (timeout < 0 || until_timer < timeout) timeout = until_timer;
-    }
-    fired = wait_in_kernel(loop, timeout);
-    loop->idle_ns = evt_now_ns() - now;
-    serve_closes(loop);
-    woke = dispatch_now(loop, fired);
+    int64_t until_timer = until_first_timer(loop, evt_now_ns());
+    if (until_timer >= 0 && (timeout < 0 || until_timer < timeout)) timeout = until_timer;
+    collect(loop, timeout, EVT_RUN_ONCE);
+    woke = resume_dispatched(loop);
     fire_timers(loop, evt_now_ns());
     return woke;
+}
+
+/* EVT_RUN_ALONE: a selector's loop fiber waiting itself (a read on the loop fiber, outside select):
+ * nothing else may run meanwhile, as without a scheduler, so it blocks in the kernel until its own
+ * waiter is woken; the events for other fibers wake them for the next select. */
+static void
+run_alone(struct evt_loop *loop, struct evt_waiter *until)
+{
+    while (until->state == EVT_WAITING) {
+        if (!loop->backend_data) evt_object_open(loop);
+        collect(loop, until_first_timer(loop, evt_now_ns()), EVT_RUN_ALONE);
+        fire_timers(loop, evt_now_ns());
+    }
+}
+
+int
+evt_loop_run(struct evt_loop *loop, enum evt_run_mode mode, struct evt_waiter *until, int64_t timeout)
+{
+    switch (mode) {
+    case EVT_RUN_ONCE:
+        return run_once(loop, timeout);
+    case EVT_RUN_ALONE:
+        run_alone(loop, until);
+        return 0;
+    case EVT_RUN_DEFAULT:
+    case EVT_RUN_UNTIL: {
+        struct run run = {loop, mode, until};
+        loop->running++;
+        rb_ensure(run_turns, (VALUE)&run, run_done, (VALUE)&run);
+        return 0;
+    }
+    }
+    return 0;
 }
 
 void
@@ -567,7 +603,7 @@ evt_loop_push(struct evt_loop *loop, VALUE object)
     evt_waiter_ready(loop, w);
 }
 
-/* ---- suspending: one way in (the waits are made by the constructors in waiters.c) ---------------- */
+/* ---- suspending: one way in (the waits are made by the constructors in wait.c) ---------------- */
 
 /* Nothing to watch and no time limit: IO.select sleeps until interrupted; a block until unblock. */
 static void
@@ -626,27 +662,6 @@ start_op(struct evt_loop *loop, struct evt_wait *wait)
     else if (op->pending) loop->kernel_ops++;
 }
 
-/* A selector's loop fiber waiting itself (a read on the loop fiber, outside select): nothing else
- * may run meanwhile, as without a scheduler, so it blocks in the kernel until its own wait ends;
- * the events for other fibers wake them for the next select. A yield has nothing to wait for. */
-static void
-wait_on_loop_fiber(struct evt_loop *loop, struct evt_wait *wait)
-{
-    struct evt_waiter *w = &wait->waiter;
-    if (wait->kind == EVT_WAIT_YIELD) return;
-    while (w->state == EVT_WAITING) {
-        if (!loop->backend_data) evt_object_open(loop);
-        int64_t now = evt_now_ns();
-        struct evt_timer *first = evt_timers_first(&loop->timers);
-        int fired = wait_in_kernel(loop, first ? (first->deadline > now ? first->deadline - now : 0) : -1);
-        serve_closes(loop);
-        dispatch(loop, fired);
-        raise_interrupted(loop);
-        check_interrupts();
-        fire_timers(loop, evt_now_ns());
-    }
-}
-
 static VALUE
 wait_body(VALUE ptr)
 {
@@ -687,8 +702,8 @@ wait_body(VALUE ptr)
         else wait->value = rb_fiber_transfer(wait->target, wait->argc, wait->argv);
     }
     else if (w->fiber == loop->loop_fiber) {
-        if (loop->selector) wait_on_loop_fiber(loop, wait);
-        else evt_loop_run(loop, w); /* the loop fiber waits by running the loop */
+        /* The loop fiber waits by running the loop, or (a selector's) alone: a yield is ready at once. */
+        evt_loop_run(loop, loop->selector ? EVT_RUN_ALONE : EVT_RUN_UNTIL, w, -1);
     }
     else rb_fiber_transfer(loop->loop_fiber, 0, NULL);
     return Qnil;

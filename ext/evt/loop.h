@@ -4,11 +4,19 @@
 
 #include "core.h"
 
-/* Runs the loop until no fiber waits, or until `until` (the loop fiber's own waiter) is resumed. */
-void evt_loop_run(struct evt_loop *loop, struct evt_waiter *until);
-/* A selector's one turn (select(duration)): the ready fibers, then the events, waiting up to `timeout`
- * ns (-1: no limit) only when there was nothing to do. Returns the waiters the events woke. */
-int evt_loop_select(struct evt_loop *loop, int64_t timeout);
+/* How evt_loop_run drives the loop, as libuv's uv_run modes. */
+enum evt_run_mode {
+    EVT_RUN_DEFAULT, /* turns until no fiber waits (Evt::Loop#run) */
+    EVT_RUN_UNTIL,   /* turns until `until` (the loop fiber's own waiter) is resumed; others run meanwhile */
+    EVT_RUN_ONCE,    /* a selector's select(timeout): one turn, blocking up to `timeout` ns (-1: no limit)
+                        only when there was nothing to do; returns the waiters its events woke */
+    EVT_RUN_ALONE,   /* a selector's loop fiber waiting itself: until `until` is woken, nothing else runs */
+};
+
+/* The one driver of the loop, in `mode` (`until` for EVT_RUN_UNTIL and EVT_RUN_ALONE, `timeout`
+ * for EVT_RUN_ONCE). Every mode collects events with the same step. */
+int evt_loop_run(struct evt_loop *loop, enum evt_run_mode mode, struct evt_waiter *until, int64_t timeout);
+
 /* A selector's push: `object` (a Fiber, or anything answering alive? and transfer) runs on a later
  * select. From any thread holding the GVL. */
 void evt_loop_push(struct evt_loop *loop, VALUE object);

@@ -6,7 +6,7 @@
  * is a subclass); what differs is who turns the loop. async keeps its own timers and calls select
  * once per turn of its run loop; fibers go to the loop fiber with transfer and come back when an
  * event, a push or a resume readies them. So here:
- *   - select(duration) is evt_loop_select (loop.c): the fibers ready when it starts, then the
+ *   - select(duration) is evt_loop_run's EVT_RUN_ONCE (loop.c): the fibers ready when it starts, then the
  *     events (waiting only when there was nothing to do), whose fibers run before it returns;
  *   - io_wait returns false when its fiber is resumed without its events (async's timeouts);
  *   - yield, resume and raise put the calling fiber in the ready queue as a stack waiter that
@@ -176,7 +176,7 @@ selector_select(VALUE self, VALUE duration)
     if (!NIL_P(duration) && !rb_obj_is_kind_of(duration, rb_cNumeric))
         rb_raise(rb_eTypeError, "evt: select duration must be nil or Numeric, not %" PRIsVALUE, rb_obj_class(duration));
     int64_t timeout = evt_io_timeout_ns(duration);
-    return INT2FIX(evt_loop_select(loop, timeout));
+    return INT2FIX(evt_loop_run(loop, EVT_RUN_ONCE, NULL, timeout));
 }
 
 /*
