@@ -192,7 +192,7 @@ must_hear(struct evt_loop *loop, void *ptr)
 {
     struct closing *c = ptr;
     /* A closed selector has forgotten its waiters (and may be garbage not yet swept). */
-    if (loop->forks != evt_object_forks || loop->selector == 2 || !knows(loop, c->io, c->fd)) return 0;
+    if (loop->forks != evt_object_forks || loop->finished || !knows(loop, c->io, c->fd)) return 0;
     if (loop->thread == c->thread) return c->own != OWN_NONE;
     /* Another thread's loop, closed: no fiber waits in it and the kernel holds nothing of it. It is
      * also what a loop left behind by its thread is (Ruby closes a thread's scheduler when the
@@ -207,7 +207,7 @@ static int
 can_yield_to(struct evt_loop *loop)
 {
     VALUE fiber = rb_fiber_current();
-    return !loop->selector && (fiber == loop->loop_fiber || (loop->running && fiber == loop->current));
+    return !loop->driven && (fiber == loop->loop_fiber || (loop->running && fiber == loop->current));
 }
 
 static void

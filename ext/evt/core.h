@@ -107,15 +107,16 @@ struct evt_loop {
     VALUE thread;
     struct evt_list ready;
     size_t ready_count;       /* in ready and in dispatched */
-    struct evt_list dispatched; /* selector: woken by this select's events, resumed before it returns */
-    int dispatching;          /* selector: evt_waiter_ready puts waiters in dispatched, not ready */
-    int selector;             /* driven by someone else's loop (Evt::Selector: async's), not evt_loop_run */
-    int64_t idle_ns;          /* selector: time the last select spent blocked in the kernel */
+    struct evt_list dispatched; /* EVT_RUN_ONCE: woken by this turn's events, resumed before it returns */
+    int dispatching;          /* EVT_RUN_ONCE: evt_waiter_ready puts waiters in dispatched, not ready */
+    unsigned char driven;     /* turned by someone else's loop (a selector's, async's): its loop fiber
+                                 waits alone, and its kernel waits leave interrupts pending */
+    unsigned char finished;   /* closed for good: nothing opens its kernel objects again */
     int64_t wake_late_ns;     /* how late a timed kernel wait ends, on average: such waits end that
                                  much early, and the loop spins the rest (wait_out_timer in loop.c) */
-    int interrupted;          /* selector: the tag of an exception that ended the kernel wait, to raise
+    int interrupted;          /* driven: the tag of an exception that ended the kernel wait, to raise
                                  once its events are dispatched */
-    struct evt_list spare;    /* selector: pushed waiters to reuse, by io_link */
+    struct evt_list spare;    /* pushed waiters to reuse (evt_loop_push), by io_link */
     size_t spare_count;
     struct evt_list allocated; /* waiters on the heap (for fibers that switched away), by io_link */
     struct evt_list operations; /* waiters of transfers the backend does, by io_link */

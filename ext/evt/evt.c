@@ -142,7 +142,8 @@ loop_run_m(VALUE self)
                                      "not inside a scheduled fiber");
         loop->loop_fiber = current;
     }
-    evt_loop_run(loop, EVT_RUN_DEFAULT, NULL, -1);
+    struct evt_run run = {.mode = EVT_RUN_DEFAULT, .timeout = -1};
+    evt_loop_run(loop, &run);
     return self;
 }
 
@@ -319,7 +320,7 @@ Init_evt(void)
 
     evt_hooks_init(evt_object_class);
     evt_close_init(mEvt);
-    evt_selector_init(mEvt, evt_object_class);
+    evt_selector_init(mEvt);
     evt_socket_write_init(mEvt);
     evt_blocking_init(mEvt);
 }

@@ -339,7 +339,7 @@ transfer_single(struct transfer *t, size_t offset, size_t max, int may_wait)
      * too, told not to wait: the sends of a whole turn of the loop reach the kernel in one system
      * call, as the scheduler's do (sent one by one, each woke the peer on its own: ~20 % more CPU
      * per request under Falcon). */
-    int nowait = !may_wait && loop->selector && loop->backend->transfer && t->events == EVT_WRITABLE &&
+    int nowait = !may_wait && loop->driven && loop->backend->transfer && t->events == EVT_WRITABLE &&
                  (reg->flags & EVT_REG_SOCKET) && t->position < 0;
     int by_backend = nowait || by_backend_transfer(loop, reg, t->position, may_wait, t->events);
     if (by_backend && t->events == EVT_READABLE && !(reg->flags & (EVT_REG_FILE | EVT_REG_BLOCKING))) {

@@ -232,7 +232,7 @@ resume_ready(struct evt_loop *loop, struct evt_waiter *until)
             loop->waiting--;
             if (!RTEST(rb_fiber_alive_p(fiber))) continue; /* ended meanwhile (killed) */
         }
-        if (RB_UNLIKELY(loop->selector && fiber == rb_fiber_current())) continue; /* its own resume's entry */
+        if (RB_UNLIKELY(loop->driven && fiber == rb_fiber_current())) continue; /* its own resume's entry */
         switch_to(loop, fiber);
     }
     return 0;
@@ -374,7 +374,7 @@ wait_in_kernel(struct evt_loop *loop, int64_t timeout)
         /* RB_NOGVL_INTR_FAIL: no interrupt check on the way out, where an exception would lose the
          * events just taken from the kernel; check_interrupts comes after dispatch. */
         int state = 0;
-        if (loop->selector) rb_protect((VALUE(*)(VALUE))wait_for_selector_protected, (VALUE)&wait, &state);
+        if (loop->driven) rb_protect((VALUE(*)(VALUE))wait_for_selector_protected, (VALUE)&wait, &state);
         else rb_nogvl(wait_without_gvl, &wait, end_kernel_wait, loop, RB_NOGVL_INTR_FAIL);
         __atomic_store_n(&loop->blocked, 0, __ATOMIC_SEQ_CST);
         loop->interrupted = state; /* raised once the events are dispatched (raise_interrupted) */
@@ -431,11 +431,12 @@ check_interrupts(void)
  * resume before it returns, and the thread's interrupts stay pending for async, which masks them;
  * every other mode checks them here. Returns what the backend's wait returned. */
 static int
-collect(struct evt_loop *loop, int64_t timeout, enum evt_run_mode mode)
+collect(struct evt_loop *loop, int64_t timeout, struct evt_run *run)
 {
+    enum evt_run_mode mode = run->mode;
     int64_t start = mode == EVT_RUN_ONCE && timeout != 0 ? evt_now_ns() : 0;
     int fired = wait_in_kernel(loop, timeout);
-    if (start) loop->idle_ns = evt_now_ns() - start;
+    if (start) run->idle_ns = evt_now_ns() - start;
     serve_closes(loop);
     if (mode != EVT_RUN_ONCE) {
         dispatch(loop, fired);
@@ -459,12 +460,12 @@ collect(struct evt_loop *loop, int64_t timeout, enum evt_run_mode mode)
  * times out on an event the kernel already had: thousands of readers whose data came together
  * timed out all but the first 64. */
 static void
-collect_before_timers(struct evt_loop *loop, enum evt_run_mode mode)
+collect_before_timers(struct evt_loop *loop, struct evt_run *run)
 {
     for (int looks = 0; looks < 8; looks++) {
         if (!evt_loop_timer_due(loop)) return;
         int capacity = loop->fired_capacity;
-        if (collect(loop, 0, mode) < capacity) return;
+        if (collect(loop, 0, run) < capacity) return;
     }
 }
 
@@ -472,16 +473,15 @@ collect_before_timers(struct evt_loop *loop, enum evt_run_mode mode)
 
 struct run {
     struct evt_loop *loop;
-    enum evt_run_mode mode;
-    struct evt_waiter *until;
+    struct evt_run *run;
 };
 
 /* EVT_RUN_DEFAULT and EVT_RUN_UNTIL: whole turns, each phase one call, in this order. */
 static VALUE
 run_turns(VALUE ptr)
 {
-    struct run *run = (struct run *)ptr;
-    struct evt_loop *loop = run->loop;
+    struct evt_loop *loop = ((struct run *)ptr)->loop;
+    struct evt_run *run = ((struct run *)ptr)->run;
     for (;;) {
         serve_requests(loop, 1);
         if (resume_ready(loop, run->until)) return Qnil;
@@ -495,9 +495,9 @@ run_turns(VALUE ptr)
             early = timeout < loop->wake_late_ns ? timeout : loop->wake_late_ns;
         }
         int capacity = loop->fired_capacity;
-        int fired = collect(loop, timeout - early, run->mode);
+        int fired = collect(loop, timeout - early, run);
         if (timeout > 0 && !loop->ready_count) wait_out_timer(loop, now, timeout, early);
-        if (fired == capacity) collect_before_timers(loop, run->mode);
+        if (fired == capacity) collect_before_timers(loop, run);
         fire_timers(loop, evt_now_ns());
     }
 }
@@ -532,21 +532,22 @@ resume_dispatched(struct evt_loop *loop)
  * anything, one wait up to `timeout` (or the first timer) and the waiters it woke, as io-event's
  * selectors have it. evt's own timers fire after each (IO#timeout on transfers the ring waits for). */
 static int
-run_once(struct evt_loop *loop, int64_t timeout)
+run_once(struct evt_loop *loop, struct evt_run *run)
 {
-    loop->idle_ns = 0;
+    int64_t timeout = run->timeout;
+    run->idle_ns = 0;
     serve_requests(loop, 1);
     size_t queued = loop->ready_count;
     resume_ready(loop, NULL);
     if (!loop->backend_data) evt_object_open(loop);
-    collect(loop, 0, EVT_RUN_ONCE);
+    collect(loop, 0, run);
     int woke = resume_dispatched(loop);
     fire_timers(loop, evt_now_ns());
     if (queued || woke || loop->ready_count || loop->has_requests || timeout == 0) return woke;
 
     int64_t until_timer = until_first_timer(loop, evt_now_ns());
     if (until_timer >= 0 && (timeout < 0 || until_timer < timeout)) timeout = until_timer;
-    collect(loop, timeout, EVT_RUN_ONCE);
+    collect(loop, timeout, run);
     woke = resume_dispatched(loop);
     fire_timers(loop, evt_now_ns());
     return woke;
@@ -556,33 +557,33 @@ run_once(struct evt_loop *loop, int64_t timeout)
  * nothing else may run meanwhile, as without a scheduler, so it blocks in the kernel until its own
  * waiter is woken; the events for other fibers wake them for the next select. */
 static void
-run_alone(struct evt_loop *loop, struct evt_waiter *until)
+run_alone(struct evt_loop *loop, struct evt_run *run)
 {
-    while (until->state == EVT_WAITING) {
+    while (run->until->state == EVT_WAITING) {
         if (!loop->backend_data) evt_object_open(loop);
-        collect(loop, until_first_timer(loop, evt_now_ns()), EVT_RUN_ALONE);
+        collect(loop, until_first_timer(loop, evt_now_ns()), run);
         fire_timers(loop, evt_now_ns());
     }
 }
 
-int
-evt_loop_run(struct evt_loop *loop, enum evt_run_mode mode, struct evt_waiter *until, int64_t timeout)
+void
+evt_loop_run(struct evt_loop *loop, struct evt_run *run)
 {
-    switch (mode) {
+    switch (run->mode) {
     case EVT_RUN_ONCE:
-        return run_once(loop, timeout);
+        run->woke = run_once(loop, run);
+        return;
     case EVT_RUN_ALONE:
-        run_alone(loop, until);
-        return 0;
+        run_alone(loop, run);
+        return;
     case EVT_RUN_DEFAULT:
     case EVT_RUN_UNTIL: {
-        struct run run = {loop, mode, until};
+        struct run turns = {loop, run};
         loop->running++;
-        rb_ensure(run_turns, (VALUE)&run, run_done, (VALUE)&run);
-        return 0;
+        rb_ensure(run_turns, (VALUE)&turns, run_done, (VALUE)&turns);
+        return;
     }
     }
-    return 0;
 }
 
 void
@@ -697,13 +698,14 @@ wait_body(VALUE ptr)
     }
 
     if (wait->kind == EVT_WAIT_START) {
-        if (!loop->selector) loop->current = Qnil; /* until the new fiber says it runs */
+        if (!loop->driven) loop->current = Qnil; /* until the new fiber says it runs */
         if (wait->raise) wait->value = rb_funcallv_kw(wait->target, id_raise, wait->argc, wait->argv, wait->kw_splat);
         else wait->value = rb_fiber_transfer(wait->target, wait->argc, wait->argv);
     }
     else if (w->fiber == loop->loop_fiber) {
         /* The loop fiber waits by running the loop, or (a selector's) alone: a yield is ready at once. */
-        evt_loop_run(loop, loop->selector ? EVT_RUN_ALONE : EVT_RUN_UNTIL, w, -1);
+        struct evt_run run = {.mode = loop->driven ? EVT_RUN_ALONE : EVT_RUN_UNTIL, .until = w, .timeout = -1};
+        evt_loop_run(loop, &run);
     }
     else rb_fiber_transfer(loop->loop_fiber, 0, NULL);
     return Qnil;
@@ -739,7 +741,7 @@ wait_ensure(VALUE ptr)
             evt_list_remove(&w->ready_link);
             loop->ready_count--;
         }
-        if (w->fiber != loop->loop_fiber && !loop->selector) ready_the_switcher(loop, w->fiber);
+        if (w->fiber != loop->loop_fiber && !loop->driven) ready_the_switcher(loop, w->fiber);
     }
     evt_waiter_detach(loop, w);
     w->state = EVT_IDLE;

@@ -13,11 +13,19 @@ enum evt_run_mode {
     EVT_RUN_ALONE,   /* a selector's loop fiber waiting itself: until `until` is woken, nothing else runs */
 };
 
-/* The one driver of the loop, in `mode` (`until` for EVT_RUN_UNTIL and EVT_RUN_ALONE, `timeout`
- * for EVT_RUN_ONCE). Every mode collects events with the same step. */
-int evt_loop_run(struct evt_loop *loop, enum evt_run_mode mode, struct evt_waiter *until, int64_t timeout);
+/* One call of the loop's driver: what it is asked, and (EVT_RUN_ONCE) what it did. */
+struct evt_run {
+    enum evt_run_mode mode;
+    struct evt_waiter *until; /* EVT_RUN_UNTIL, EVT_RUN_ALONE: the waiter to run until */
+    int64_t timeout;          /* EVT_RUN_ONCE: the longest wait, in ns (-1: no limit) */
+    int woke;                 /* EVT_RUN_ONCE, out: the waiters its events woke */
+    int64_t idle_ns;          /* EVT_RUN_ONCE, out: the time it spent blocked in the kernel */
+};
 
-/* A selector's push: `object` (a Fiber, or anything answering alive? and transfer) runs on a later
+/* The one driver of the loop. Every mode collects events with the same step. */
+void evt_loop_run(struct evt_loop *loop, struct evt_run *run);
+
+/* A push (a selector's): `object` (a Fiber, or anything answering alive? and transfer) runs on a later
  * select. From any thread holding the GVL. */
 void evt_loop_push(struct evt_loop *loop, VALUE object);
 /* Suspends the current fiber on `wait`, the one way into the loop from a hook: what ended it. */

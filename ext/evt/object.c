@@ -404,7 +404,7 @@ loop_after_fork(struct evt_loop *loop)
     loop->loop_fiber = loop->current = rb_fiber_current();
     loop->thread = rb_thread_current();
     loop->forks = evt_object_forks;
-    if (loop->selector) loop->selector = 2; /* a selector is its loop fiber's, which the child has not: closed */
+    if (loop->driven) loop->finished = 1; /* driven by its loop fiber's loop, which the child has not */
 }
 
 /* The loop, after any fork; the kernel objects may still be closed. */
@@ -425,7 +425,7 @@ evt_object_owned(VALUE self)
     struct evt_loop *loop = evt_object_check(self);
     VALUE thread = rb_thread_current();
     if (RB_UNLIKELY(thread != loop->thread)) {
-        if (loop->selector) rb_raise(rb_eThreadError, "evt: this selector belongs to another thread (its loop fiber's)");
+        if (loop->driven) rb_raise(rb_eThreadError, "evt: this selector belongs to another thread (its loop fiber's)");
         if (loop->waiting || loop->running)
             rb_raise(rb_eThreadError, "evt: this scheduler belongs to another thread, where fibers wait in it");
         loop->thread = thread;

@@ -2,8 +2,10 @@
  * give async (IO::Event::Selector::Evt, lib/evt/async.rb; the contract, with io-event's and async's
  * own tests, is described in README "async and Falcon on evt").
  *
- * The loop object, its backends, registrations, waiters and transfers are Evt::Loop's (Evt::Selector
- * is a subclass); what differs is who turns the loop. async keeps its own timers and calls select
+ * A face over an Evt::Loop it makes and holds (not a subclass): the loop object, its backends,
+ * registrations, waiters and transfers are the loop's; the face owns only what async's interface
+ * needs besides (the last select's idle time), and what differs is who turns the loop (the loop is
+ * `driven`). async keeps its own timers and calls select
  * once per turn of its run loop; fibers go to the loop fiber with transfer and come back when an
  * event, a push or a resume readies them. So here:
  *   - select(duration) is evt_loop_run's EVT_RUN_ONCE (loop.c): the fibers ready when it starts, then the
@@ -29,33 +31,90 @@
 
 static VALUE cSelector;
 
+/* The face's own state: the loop it drives, and what the last select measured. */
+struct selector {
+    VALUE loop;      /* an Evt::Loop, driven (Qnil until initialize) */
+    int64_t idle_ns; /* the last select's time blocked in the kernel */
+};
+
+static void
+selector_mark(void *ptr)
+{
+    rb_gc_mark_movable(((struct selector *)ptr)->loop);
+}
+
+static void
+selector_compact(void *ptr)
+{
+    struct selector *s = ptr;
+    s->loop = rb_gc_location(s->loop);
+}
+
+static size_t
+selector_memsize(const void *ptr)
+{
+    return sizeof(struct selector);
+}
+
+static const rb_data_type_t selector_type = {
+    "Evt::Selector",
+    {selector_mark, RUBY_TYPED_DEFAULT_FREE, selector_memsize, selector_compact},
+    0, 0, RUBY_TYPED_FREE_IMMEDIATELY | RUBY_TYPED_WB_PROTECTED,
+};
+
+static VALUE
+selector_alloc(VALUE klass)
+{
+    struct selector *s;
+    VALUE self = TypedData_Make_Struct(klass, struct selector, &selector_type, s);
+    s->loop = Qnil;
+    return self;
+}
+
+static struct selector *
+selector_of(VALUE self)
+{
+    struct selector *s = rb_check_typeddata(self, &selector_type);
+    if (RB_UNLIKELY(NIL_P(s->loop))) rb_raise(rb_eRuntimeError, "evt: the selector is not initialized");
+    return s;
+}
+
+/* The selector's loop object (Evt::Loop). */
+static VALUE
+loop_object(VALUE self)
+{
+    return selector_of(self)->loop;
+}
+
 /* The selector's loop, after any fork. */
 static struct evt_loop *
 selector_get(VALUE self)
 {
-    struct evt_loop *loop = evt_object_check(self);
-    if (RB_UNLIKELY(!loop->selector)) rb_raise(rb_eRuntimeError, "evt: the selector is not initialized");
+    return evt_object_check(loop_object(self));
+}
+
+/* The selector's loop object, to wait in: IOError once it is closed (the waits would open it again). */
+static VALUE
+selector_open(VALUE self)
+{
+    VALUE loop = loop_object(self);
+    if (RB_UNLIKELY(evt_object_check(loop)->finished)) rb_raise(rb_eIOError, "evt: the selector is closed");
     return loop;
 }
 
-/* The selector's loop, to wait in: IOError once it is closed (the waits would open it again). */
-static struct evt_loop *
-selector_open(VALUE self)
-{
-    struct evt_loop *loop = selector_get(self);
-    if (RB_UNLIKELY(loop->selector == 2)) rb_raise(rb_eIOError, "evt: the selector is closed");
-    return evt_object_get(self);
-}
-
-/* become_selector(loop_fiber): called by initialize, once Evt::Loop#initialize has opened the backend. */
+/* attach(loop, loop_fiber): called by initialize with a new Evt::Loop, which this selector drives
+ * from now on, for the fiber that calls #select. */
 static VALUE
-selector_become(VALUE self, VALUE loop_fiber)
+selector_attach(VALUE self, VALUE loop_value, VALUE loop_fiber)
 {
-    struct evt_loop *loop = evt_object_of(self);
+    struct selector *s = rb_check_typeddata(self, &selector_type);
+    if (!NIL_P(s->loop)) rb_raise(rb_eRuntimeError, "evt: the selector is initialized already");
     if (!rb_obj_is_fiber(loop_fiber))
         rb_raise(rb_eTypeError, "evt: a selector's loop must be a Fiber, not %" PRIsVALUE, rb_obj_class(loop_fiber));
-    loop->selector = 1;
+    struct evt_loop *loop = evt_object_of(loop_value);
+    loop->driven = 1;
     loop->loop_fiber = loop->current = loop_fiber;
+    RB_OBJ_WRITE(self, &s->loop, loop_value);
     return self;
 }
 
@@ -92,7 +151,7 @@ selector_transfer(VALUE self)
 static VALUE
 selector_yield(VALUE self)
 {
-    struct evt_loop *loop = selector_open(self);
+    struct evt_loop *loop = evt_object_get(selector_open(self));
     struct evt_wait wait;
     evt_wait_yield(&wait, loop);
     evt_loop_suspend(&wait);
@@ -103,7 +162,7 @@ static VALUE
 start(int argc, VALUE *argv, VALUE self, int raise)
 {
     rb_check_arity(argc, raise ? 2 : 1, UNLIMITED_ARGUMENTS);
-    struct evt_loop *loop = selector_open(self);
+    struct evt_loop *loop = evt_object_get(selector_open(self));
     struct evt_wait wait;
     evt_wait_start(&wait, loop, argv[0]);
     wait.argc = argc - 1;
@@ -146,8 +205,8 @@ selector_raise(int argc, VALUE *argv, VALUE self)
 static VALUE
 selector_push(VALUE self, VALUE fiber)
 {
-    /* Not selector_get: another thread may push, and a forked child's loop is reset by evt_object_check. */
-    evt_loop_push(evt_object_check(self), fiber);
+    /* From another thread too; a forked child's loop is reset by evt_object_check. */
+    evt_loop_push(selector_get(self), fiber);
     return Qnil;
 }
 
@@ -172,11 +231,14 @@ selector_ready_p(VALUE self)
 static VALUE
 selector_select(VALUE self, VALUE duration)
 {
-    struct evt_loop *loop = selector_open(self);
+    struct evt_loop *loop = evt_object_get(selector_open(self));
     if (!NIL_P(duration) && !rb_obj_is_kind_of(duration, rb_cNumeric))
         rb_raise(rb_eTypeError, "evt: select duration must be nil or Numeric, not %" PRIsVALUE, rb_obj_class(duration));
     int64_t timeout = evt_io_timeout_ns(duration);
-    return INT2FIX(evt_loop_run(loop, EVT_RUN_ONCE, NULL, timeout));
+    struct evt_run run = {.mode = EVT_RUN_ONCE, .timeout = timeout};
+    evt_loop_run(loop, &run);
+    selector_of(self)->idle_ns = run.idle_ns;
+    return INT2FIX(run.woke);
 }
 
 /*
@@ -187,7 +249,7 @@ selector_select(VALUE self, VALUE duration)
 static VALUE
 selector_idle_duration(VALUE self)
 {
-    return DBL2NUM((double)evt_object_of(self)->idle_ns / 1e9);
+    return DBL2NUM((double)selector_of(self)->idle_ns / 1e9);
 }
 
 /*
@@ -198,7 +260,7 @@ selector_idle_duration(VALUE self)
 static VALUE
 selector_wakeup(VALUE self)
 {
-    return evt_loop_wake(evt_object_of(self)) ? Qtrue : Qfalse;
+    return evt_loop_wake(evt_object_of(loop_object(self))) ? Qtrue : Qfalse;
 }
 
 /*
@@ -209,15 +271,15 @@ selector_wakeup(VALUE self)
 static VALUE
 selector_close(VALUE self)
 {
-    struct evt_loop *loop = evt_object_check(self);
-    if (loop->selector == 2) return Qnil;
+    struct evt_loop *loop = selector_get(self);
+    if (loop->finished) return Qnil;
     if (loop->thread != rb_thread_current())
         rb_raise(rb_eThreadError, "evt: a selector is closed by its own thread (its loop fiber's)");
     evt_object_close_backend(loop);
     /* The fibers still suspended in it are not resumed by it any more: it forgets them now, while
      * their stacks are known to be there (dropped with the selector, they may be freed before it). */
     evt_object_forget(loop);
-    loop->selector = 2; /* closed for good: select and the waits do not open it again */
+    loop->finished = 1; /* select and the waits do not open it again */
     return Qnil;
 }
 
@@ -229,8 +291,8 @@ selector_close(VALUE self)
 static VALUE
 selector_closed_p(VALUE self)
 {
-    struct evt_loop *loop = evt_object_of(self);
-    return loop->selector == 2 || loop->forks != evt_object_forks ? Qtrue : Qfalse;
+    struct evt_loop *loop = evt_object_of(loop_object(self));
+    return loop->finished || loop->forks != evt_object_forks ? Qtrue : Qfalse;
 }
 
 /*
@@ -242,8 +304,7 @@ selector_closed_p(VALUE self)
 static VALUE
 selector_io_wait(VALUE self, VALUE fiber, VALUE io, VALUE events)
 {
-    selector_open(self);
-    return evt_io_wait_once(self, io, events);
+    return evt_io_wait_once(selector_open(self), io, events);
 }
 
 /* io-event's rule for a range starting at or past the end of the buffer: -EINVAL past it, 0 at it
@@ -264,39 +325,35 @@ outside(VALUE buffer, VALUE offset)
 static VALUE
 selector_io_read_single(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE offset, VALUE length)
 {
-    selector_open(self);
-    return evt_io_transfer_single(self, io, buffer, offset, length, Qnil, EVT_READABLE);
+    return evt_io_transfer_single(selector_open(self), io, buffer, offset, length, Qnil, EVT_READABLE);
 }
 
 static VALUE
 selector_io_write_single(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE offset, VALUE length)
 {
-    selector_open(self);
-    return evt_io_transfer_single(self, io, buffer, offset, length, Qnil, EVT_WRITABLE);
+    return evt_io_transfer_single(selector_open(self), io, buffer, offset, length, Qnil, EVT_WRITABLE);
 }
 
 static VALUE
 selector_io_pread_single(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE offset, VALUE length)
 {
-    selector_open(self);
-    return evt_io_transfer_single(self, io, buffer, offset, length, from, EVT_READABLE);
+    return evt_io_transfer_single(selector_open(self), io, buffer, offset, length, from, EVT_READABLE);
 }
 
 static VALUE
 selector_io_pwrite_single(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE offset, VALUE length)
 {
-    selector_open(self);
-    return evt_io_transfer_single(self, io, buffer, offset, length, from, EVT_WRITABLE);
+    return evt_io_transfer_single(selector_open(self), io, buffer, offset, length, from, EVT_WRITABLE);
 }
 
 /* Ruby 3.3 to 4.0's transfers: at least length bytes, at file position from unless it is nil. */
 static VALUE
 minimum(VALUE self, VALUE io, VALUE buffer, VALUE length, VALUE offset, VALUE from, int events)
 {
-    selector_open(self);
+    VALUE loop = selector_open(self);
     VALUE early = outside(buffer, offset);
     if (!RB_UNDEF_P(early)) return early;
-    return evt_io_transfer_minimum(self, io, buffer, length, offset, from, events);
+    return evt_io_transfer_minimum(loop, io, buffer, length, offset, from, events);
 }
 
 /* io_read(fiber, io, buffer, length, offset = 0) and io_write: offset optional. */
@@ -355,10 +412,12 @@ selector_io_pwrite_minimum(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALU
 }
 
 void
-evt_selector_init(VALUE mEvt, VALUE cLoop)
+evt_selector_init(VALUE mEvt)
 {
-    cSelector = rb_define_class_under(mEvt, "Selector", cLoop);
-    rb_define_private_method(cSelector, "become_selector", selector_become, 1);
+    cSelector = rb_define_class_under(mEvt, "Selector", rb_cObject);
+    rb_define_alloc_func(cSelector, selector_alloc);
+    rb_define_private_method(cSelector, "attach", selector_attach, 2);
+    rb_define_private_method(cSelector, "loop_object", loop_object, 0);
     rb_define_method(cSelector, "loop", selector_loop, 0);
     rb_define_method(cSelector, "transfer", selector_transfer, 0);
     rb_define_method(cSelector, "yield", selector_yield, 0);
@@ -393,13 +452,4 @@ evt_selector_init(VALUE mEvt, VALUE cLoop)
     rb_define_private_method(cSelector, "io_write_minimum", selector_io_write_minimum, -1);
     rb_define_private_method(cSelector, "io_pread_minimum", selector_io_pread_minimum, 6);
     rb_define_private_method(cSelector, "io_pwrite_minimum", selector_io_pwrite_minimum, 6);
-    /* The scheduler's ways in, which a selector has no use for: async is the scheduler. */
-    rb_undef_method(cSelector, "run");
-    rb_undef_method(cSelector, "scheduler_close");
-    rb_undef_method(cSelector, "kernel_sleep");
-    rb_undef_method(cSelector, "block");
-    rb_undef_method(cSelector, "unblock");
-    rb_undef_method(cSelector, "io_select");
-    rb_undef_method(cSelector, "timeout_after");
-    rb_undef_method(cSelector, "fiber_interrupt");
 }

@@ -4,6 +4,6 @@
 
 #include "core.h"
 
-void evt_selector_init(VALUE mEvt, VALUE cLoop);
+void evt_selector_init(VALUE mEvt);
 
 #endif

@@ -4,8 +4,8 @@ module Evt
   # evt's loop, backends and IO hooks behind the interface io-event's selectors give async
   # (ext/evt/selector.c, whose methods' comments say what each does; lib/evt/async.rb names it
   # IO::Event::Selector::Evt). The fibers async runs are suspended in evt's loop as {Scheduler}'s are;
-  # async keeps its timers and turns the loop by calling #select. The C extension's Evt::Selector, a
-  # subclass of Evt::Loop; only where the extension is loaded.
+  # async keeps its timers and turns the loop by calling #select. A face over an {Evt::Loop} it makes
+  # and holds (not a subclass of it); only where the extension is loaded.
   class Selector
     include ProcessWaiting
 
@@ -17,8 +17,20 @@ module Evt
       name = Scheduler.send(:choose_backend, backend)
       raise ArgumentError, "evt: the selector runs on the C backends only (#{Loop.backends.join(", ")})" unless Loop.backends.include?(name)
 
-      super(name)
-      become_selector(loop)
+      attach(Loop.new(name), loop)
+    end
+
+    # @return [Symbol] the backend the loop runs on
+    def backend
+      loop_object.backend
+    end
+
+    # Ruby 4.0's io_close hook, as io-event's selectors answer it: wakes what waits on +fd+ and closes
+    # it (through the ring on io_uring).
+    # @param fd [Integer]
+    # @return [Boolean] true: +fd+ is closed
+    def io_close(fd)
+      loop_object.io_close(fd)
     end
 
     # Process.wait and friends: waits for +pid+ without blocking the loop (see {ProcessWaiting}).
@@ -35,6 +47,15 @@ module Evt
 
     def wait_readable(io)
       io_wait(Fiber.current, io, IO::READABLE)
+    end
+
+    # ProcessWaiting's ways to the loop.
+    def wait_child_exit(pid)
+      loop_object.__send__(:wait_child_exit, pid)
+    end
+
+    def pidfd_open(pid)
+      loop_object.__send__(:pidfd_open, pid)
     end
   end
 end
