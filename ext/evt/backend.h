@@ -91,6 +91,9 @@ struct evt_backend_slot {
     int interest;         /* events the kernel was last asked for */
     int index;            /* a slot in the backend's own table (poll); -1: none */
     uint32_t serial;      /* which of its requests for the descriptor is current (io_uring) */
+    uint32_t read_generation;  /* read_now: the registration's generation the score below is for; 0: none */
+    unsigned char read_score;  /* read_now: how often a read's try at once found data lately */
+    unsigned char read_skips;  /* read_now: reads left that go to the backend without that try */
 };
 
 static inline void
@@ -99,6 +102,7 @@ evt_backend_slot_clear(struct evt_backend_slot *slot)
     slot->generation = 0;
     slot->interest = 0;
     slot->index = -1;
+    slot->read_generation = 0;
 }
 
 /* A transfer a backend does itself (io_uring): read into or write from [base, base + size) on fd,
@@ -160,6 +164,10 @@ struct evt_backend {
     /* Stops a pending op and returns once its completion is reaped: the kernel is done with the
      * memory. May report other completions meanwhile. */
     void (*cancel)(struct evt_loop *loop, struct evt_op *op);
+    /* Optional, with transfer: a read from fd (recv(2) when `socket`) that the backend would wait
+     * for, tried at once first when the backend finds that worth it; with the GVL. Returns the bytes
+     * read, -errno, or -EAGAIN: the read goes to transfer. */
+    long (*read_now)(struct evt_loop *loop, int fd, struct evt_registration *reg, int socket, void *base, size_t size);
 
     /* Optional: fd is about to be closed on the loop's thread and nobody waits on it any more:
      * whatever the kernel still holds for it (a poll in flight) goes before this returns, so the

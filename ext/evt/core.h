@@ -83,8 +83,6 @@ struct evt_registration {
     unsigned counts[3];       /* waiters per event (readable, priority, writable) */
     int flags;                /* EVT_REG_*: what the core learnt about the descriptor */
     int exhausted;            /* events a transfer found not ready (EAGAIN) since the last event came */
-    unsigned char read_score; /* io_uring: how often a read's try at once found data lately (io.c) */
-    unsigned char read_skips; /* io_uring: reads left that go to the ring without that try */
     VALUE closing;            /* an IO on fd that another thread is closing, once the loop has served
                                  that thread's request: a new wait on it ends at once (EVT_CLOSED) until
                                  Ruby has marked it closed (the closer may let other threads run first) */

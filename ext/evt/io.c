@@ -213,51 +213,47 @@ transfer_by_backend(struct evt_loop *loop, VALUE io, VALUE buffer, struct evt_op
     return op->result;
 }
 
-/* Whether the backend does this transfer itself (io_uring): one that may wait for the descriptor,
- * so the kernel does the waiting too; a file's at any position. A try that must not wait
- * (read_nonblock) is one system call, cheaper than a trip through the loop; positioned transfers
- * on anything but a file go to pread(2) and pwrite(2), which fail as Ruby expects. */
-static inline int
-by_backend_transfer(struct evt_loop *loop, struct evt_registration *reg, off_t position, int may_wait, int events)
-{
-    if (!loop->backend->transfer) return 0;
-    /* A write to anything but a socket (a log file, a pipe, a tty: $stdout) is tried at once first,
-     * as the other backends do: a fiber suspended in the ring would hold Ruby's write lock on the
-     * IO all the while, and the thread's own code writing to it then (its puts) raised ThreadError.
-     * Once it meets EAGAIN, the ring waits for room and writes; a regular file never says EAGAIN,
-     * so its writes are made at once, as without a scheduler. A socket's write goes to the ring at
-     * once, with the loop's wait (no system call of its own: ~10 % less CPU per keep-alive request
-     * than trying first, bin/bench http-keepalive). */
-    if (events == EVT_WRITABLE && !(reg->flags & EVT_REG_SOCKET) && !(reg->exhausted & EVT_WRITABLE)) return 0;
-    if (reg->flags & EVT_REG_FILE) return 1;
-    return position < 0 && may_wait;
-}
+/* ---- the route of a transfer -------------------------------------------------------------------
+ *
+ * Each try of a transfer takes one route, decided in one place (route_of) from the backend and what
+ * the core learnt of the descriptor (its registration's flags), the first row that fits:
+ *
+ *   the try                                                a backend without transfer   io_uring
+ *   a write to a socket that a selector may not wait for   NOW                          RING_NOWAIT
+ *   a write to anything but a socket, until it met EAGAIN  NOW                          NOW
+ *   on a regular file (or block device), any position      NOW                          RING
+ *   positioned, on anything else                           NOW                          NOW
+ *   one that may not wait (read_nonblock, a length 0)      NOW                          NOW
+ *   a read that may wait, not on a blocking descriptor     NOW                          READ_NOW, then RING
+ *   any other that may wait                                NOW                          RING
+ *
+ * NOW: one system call here (transfer_once); on EAGAIN the caller waits for readiness. RING: the
+ * backend does it and the kernel waits, with the loop's own wait (a socket's write: no system call
+ * of its own, ~10 % less CPU per keep-alive request than trying first, bin/bench http-keepalive).
+ * RING_NOWAIT: a selector's one try at writing to a socket (length 0, as Ruby's IO#write asks) goes
+ * to the ring told not to wait: a whole turn's sends reach the kernel in one system call (sent one
+ * by one, each woke the peer on its own: ~20 % more CPU per request under Falcon). READ_NOW: the
+ * backend's read_now tries it at once while that tends to find data (then no trip through the ring
+ * and no fiber switch). A write to anything but a socket (a log file, a pipe, $stdout) is tried at
+ * once first, as on the other backends: a fiber suspended in the ring would hold Ruby's write lock
+ * on the IO all the while, and the thread's own writes to it (its puts) raised ThreadError; once it
+ * meets EAGAIN, the ring waits for room. A positioned try on anything but a file goes to
+ * pread(2)/pwrite(2), which fail as Ruby expects. */
+enum route { ROUTE_NOW, ROUTE_RING, ROUTE_RING_NOWAIT, ROUTE_READ_NOW };
 
-/* A read the ring would wait for is tried at once first (recv(2) with MSG_DONTWAIT, or read(2) on a
- * descriptor in non-blocking mode) while such tries keep finding data: then it is one system call,
- * with no trip through the ring and no fiber switch (a pipe read in a loop, a new connection's first
- * request). A score per descriptor counts recent hits up and misses down; at zero (a keep-alive
- * connection read just after its answer went out: the next request is not there yet) only one
- * read in EVT_PROBE_SKIP + 1 tries, the others go straight to the ring. Returns the bytes read,
- * -errno, or -EAGAIN when the ring is to do it. */
-enum { EVT_PROBE_SCORE_MAX = 4, EVT_PROBE_SKIP = 15 };
-
-static inline long
-read_at_once(struct evt_registration *reg, int fd, char *base, size_t size)
+static inline enum route
+route_of(struct evt_loop *loop, struct evt_registration *reg, off_t position, int may_wait, int events)
 {
-    if (reg->read_skips) {
-        reg->read_skips--;
-        return -EAGAIN;
+    if (!loop->backend->transfer) return ROUTE_NOW;
+    int socket = reg->flags & EVT_REG_SOCKET;
+    if (events == EVT_WRITABLE) {
+        if (socket && position < 0 && !may_wait && loop->driven) return ROUTE_RING_NOWAIT;
+        if (!socket && !(reg->exhausted & EVT_WRITABLE)) return ROUTE_NOW;
     }
-    ssize_t n = (reg->flags & EVT_REG_SOCKET) ? recv(fd, base, size, MSG_DONTWAIT) : read(fd, base, size);
-    if (n >= 0) {
-        if (reg->read_score < EVT_PROBE_SCORE_MAX) reg->read_score++;
-        return n;
-    }
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return -errno;
-    if (reg->read_score) reg->read_score--;
-    if (!reg->read_score) reg->read_skips = EVT_PROBE_SKIP;
-    return -EAGAIN;
+    if (reg->flags & EVT_REG_FILE) return ROUTE_RING;
+    if (position >= 0 || !may_wait) return ROUTE_NOW;
+    if (events == EVT_READABLE && !(reg->flags & EVT_REG_BLOCKING) && loop->backend->read_now) return ROUTE_READ_NOW;
+    return ROUTE_RING;
 }
 
 /* Whether read_nonblock called this hook: the one reader that must not wait. sysread comes with the
@@ -335,23 +331,17 @@ transfer_single(struct transfer *t, size_t offset, size_t max, int may_wait)
     char *at = (char *)base + offset;
     struct evt_loop *loop = t->loop;
     struct evt_registration *reg = t->reg;
-    /* A selector's one try at writing to a socket (length 0, as Ruby's IO#write asks) goes to the ring
-     * too, told not to wait: the sends of a whole turn of the loop reach the kernel in one system
-     * call, as the scheduler's do (sent one by one, each woke the peer on its own: ~20 % more CPU
-     * per request under Falcon). */
-    int nowait = !may_wait && loop->driven && loop->backend->transfer && t->events == EVT_WRITABLE &&
-                 (reg->flags & EVT_REG_SOCKET) && t->position < 0;
-    int by_backend = nowait || by_backend_transfer(loop, reg, t->position, may_wait, t->events);
-    if (by_backend && t->events == EVT_READABLE && !(reg->flags & (EVT_REG_FILE | EVT_REG_BLOCKING))) {
-        long n = read_at_once(reg, t->fd, at, max);
+    enum route route = route_of(loop, reg, t->position, may_wait, t->events);
+    if (route == ROUTE_READ_NOW) {
+        long n = loop->backend->read_now(loop, t->fd, reg, (reg->flags & EVT_REG_SOCKET) != 0, at, max);
         if (n != -EAGAIN) return n;
     }
-    if (by_backend) {
+    if (route != ROUTE_NOW) {
         struct evt_op op = {
             .kind = EVT_OP_TRANSFER, .fd = t->fd, .events = t->events, .base = at, .size = max,
             .position = t->position < 0 ? -1 : t->position,
             .socket = (reg->flags & EVT_REG_SOCKET) && t->position < 0,
-            .nowait = nowait,
+            .nowait = route == ROUTE_RING_NOWAIT,
         };
         int timed_out;
         long result = transfer_by_backend(loop, t->io, t->buffer, &op, &timed_out);
@@ -523,7 +513,7 @@ transfer_minimum_hook(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VA
                 if (total) break;
                 return INT2FIX(-EAGAIN);
             }
-            if (by_backend_transfer(t.loop, t.reg, t.position, 1, events)) continue; /* the ring waits */
+            if (route_of(t.loop, t.reg, t.position, 1, events) != ROUTE_NOW) continue; /* the ring waits */
             wait_for_transfer(t.loop, t.io, t.fd, events);
             transfer_reopen(&t);
             continue;

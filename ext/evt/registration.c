@@ -30,8 +30,6 @@ evt_registration_get(struct evt_loop *loop, int fd, VALUE io)
         evt_list_init(&reg->waiters);
         reg->generation = next_generation(loop);
         reg->events = reg->armed = reg->flags = reg->exhausted = 0;
-        reg->read_score = 1;
-        reg->read_skips = 0;
         reg->counts[0] = reg->counts[1] = reg->counts[2] = 0;
         evt_backend_slot_clear(&reg->slot);
         reg->slot.serial = 0;
@@ -45,8 +43,6 @@ evt_registration_get(struct evt_loop *loop, int fd, VALUE io)
         reg->armed = 0;
         reg->flags = 0;
         reg->exhausted = 0;
-        reg->read_score = 1; /* a new connection's first request is usually there already */
-        reg->read_skips = 0;
     }
     return reg;
 }
