@@ -1,0 +1,132 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "io/nonblock"
+require "io/wait"
+require "support/io_helpers"
+
+# Descriptors closed, reused and collected: the errors Ruby raises, and no event for an older file
+# ever reaching the IO now on its number.
+class IODescriptorsTest < Minitest::Test
+  def test_hooks_given_a_closed_io_raise_as_ruby_does
+    expected = error_without_scheduler { IO.pipe.first.tap(&:close).wait_readable(0) }
+    evt do
+      r, = IO.pipe
+      r.close
+      scheduler = Fiber.scheduler
+      buffer = IO::Buffer.new(16)
+      [
+        -> { scheduler.io_wait(r, IO::READABLE, 0) },
+        -> { scheduler.io_read(r, buffer, 0, 0) },
+        -> { scheduler.io_write(r, buffer, 0, 0) },
+        -> { r.read },
+      ].each do |call|
+        error = assert_raises(expected.class) { call.call }
+        assert_equal expected.message, error.message
+      end
+    end
+  end
+
+  def test_writing_to_a_pipe_nobody_reads_raises_epipe
+    evt do
+      r, w = IO.pipe
+      r.close
+      assert_raises(Errno::EPIPE) { w.write("x") }
+    end
+  end
+
+  def test_read_with_an_offset_past_the_buffer_raises_argument_error
+    evt do
+      r, = IO.pipe
+      assert_raises(ArgumentError) { Fiber.scheduler.io_read(r, IO::Buffer.new(4), 0, 5) }
+    end
+  end
+
+  def test_a_reader_waiting_inside_evt_on_an_io_closed_meanwhile_raises_instead_of_reading_another_file
+    outcome = {}
+    evt do
+      r, w = IO.pipe
+      Fiber.schedule do
+        buffer = IO::Buffer.new(5)
+        outcome[:old] = Fiber.scheduler.io_read(r, buffer, 5, 0) # waits inside io_read for 5 bytes
+      rescue IOError => e
+        outcome[:old] = e.class
+      end
+      Fiber.schedule do
+        sleep 0.01
+        number = r.fileno
+        r.close
+        r2, w2 = IO.pipe
+        outcome[:reused] = (r2.fileno == number)
+        Fiber.schedule { outcome[:new] = r2.read(5) }
+        w2.write("HELLO")
+        w2.close
+        w.close
+      end
+    end
+    assert outcome[:reused], "the test needs the number to be reused"
+    assert_equal IOError, outcome[:old]
+    assert_equal "HELLO", outcome[:new]
+  end
+
+  def test_a_reused_descriptor_is_registered_again
+    evt do
+      r1, w1 = IO.pipe
+      Fiber.schedule do
+        sleep 0.01
+        w1.write("x")
+      end
+      assert r1.wait_readable(1)
+      number = r1.fileno
+      r1.close
+      w1.close
+      r2, w2 = IO.pipe
+      assert_equal number, r2.fileno, "the test needs the number to be reused"
+      Fiber.schedule do
+        sleep 0.01
+        w2.write("y")
+      end
+      assert r2.wait_readable(1), "the new IO must be watched, not the closed one"
+    end
+  end
+
+  def test_an_older_file_with_the_same_number_does_not_wake_the_new_io
+    evt do
+      r1, w1 = IO.pipe
+      keep = r1.dup # the old file stays open, so its kernel registration stays too
+      Fiber.schedule do
+        sleep 0.01
+        w1.write("x")
+      end
+      assert r1.wait_readable(1)
+      r1.read_nonblock(1)
+      number = r1.fileno
+      r1.close
+      r2, w2 = IO.pipe
+      assert_equal number, r2.fileno, "the test needs the number to be reused"
+      Fiber.schedule do
+        sleep 0.01
+        w1.write("old file")
+      end
+      assert_nil r2.wait_readable(0.1), "woken by the old file's data"
+      w2.write("new")
+      assert r2.wait_readable(1)
+      keep.close
+    end
+  end
+
+  def test_waiting_again_after_a_garbage_collection
+    evt do
+      r, w = IO.pipe
+      3.times do |i|
+        Fiber.schedule do
+          sleep 0.01
+          w.write(i.to_s)
+        end
+        assert r.wait_readable(1)
+        assert_equal i.to_s, r.read_nonblock(1)
+        GC.start
+      end
+    end
+  end
+end
