@@ -7,13 +7,13 @@
  *   open, close    makes and releases its kernel objects (close also runs in a forked child)
  *   arm, disarm    keeps the kernel watching what a descriptor's waiters want, or nothing
  *   wait           waits without the GVL; a readiness backend (epoll, poll, select) writes what
- *                  fired into loop->fired as {descriptor, generation, events} and returns the count;
+ *                  fired into loop->kernel.fired as {descriptor, generation, events} and returns the count;
  *                  the core dispatches them, with the GVL
  *   complete       a completion backend (io_uring) instead reports its completions here, with the
  *                  GVL: evt_waiter_fired() for polls, evt_waiter_done() for its own transfers
  *
  * Every backend reads the kernel's readiness through evt_events_from_poll(), so every backend
- * follows one rule for errors and hang-ups (below), and watches loop->wakeup.read_fd, which any
+ * follows one rule for errors and hang-ups (below), and watches loop->kernel.wakeup.read_fd, which any
  * thread writes to end a wait (wakeup.h). */
 #ifndef EVT_BACKEND_H
 #define EVT_BACKEND_H
@@ -136,7 +136,7 @@ struct evt_backend {
     const char *name;
     /* NULL when this backend can run on this machine, else why not (said once, then remembered). */
     const char *(*probe)(void);
-    /* Creates the kernel objects and sets loop->backend_data; loop->wakeup is open already. 0, or
+    /* Creates the kernel objects and sets loop->kernel.data; loop->kernel.wakeup is open already. 0, or
      * -errno. */
     int (*open)(struct evt_loop *loop);
     /* Releases them. Also called in a forked child, for the copies it inherited. */
@@ -149,7 +149,7 @@ struct evt_backend {
     /* Nobody waits on fd any more (reg->events is 0). */
     void (*disarm)(struct evt_loop *loop, int fd, struct evt_registration *reg);
     /* Waits up to timeout_ns (-1: no limit; 0: only a look) without the GVL: it must touch no Ruby
-     * object. Writes at most loop->fired_capacity events into loop->fired (a level-triggered backend
+     * object. Writes at most loop->kernel.fired_capacity events into loop->kernel.fired (a level-triggered backend
      * reports the rest on the next wait, an edge-triggered one leaves them queued in the kernel) and
      * returns how many, or -errno. Reading the wakeup descriptor readable, it drains it
      * (evt_wakeup_drain) and reports nothing for it. */

@@ -5,7 +5,7 @@
  * EAGAIN or poll(2) found the descriptor not ready, so the next readiness is always a new edge.
  * The registration's generation rides in the event data: events for an older file that had the
  * same number (still open elsewhere, say in a forked child) are recognised and ignored. A wait hands
- * what fired to the core (loop->fired), which dispatches. */
+ * what fired to the core (loop->kernel.fired), which dispatches. */
 #include "core.h"
 
 #ifdef HAVE_SYS_EPOLL_H
@@ -46,7 +46,7 @@ epoll_open(struct evt_loop *loop)
     if (epfd < 0) return -errno;
     struct epoll_event event = {.events = EPOLLIN, .data.u64 = WAKEUP_TAG};
     struct epoll_backend *backend = malloc(sizeof(*backend));
-    if (!backend || epoll_ctl(epfd, EPOLL_CTL_ADD, loop->wakeup.read_fd, &event) < 0) {
+    if (!backend || epoll_ctl(epfd, EPOLL_CTL_ADD, loop->kernel.wakeup.read_fd, &event) < 0) {
         int err = backend ? errno : ENOMEM;
         free(backend);
         (void)close(epfd);
@@ -55,14 +55,14 @@ epoll_open(struct evt_loop *loop)
     backend->epfd = epfd;
     backend->capacity = 0;
     backend->events = NULL;
-    loop->backend_data = backend;
+    loop->kernel.data = backend;
     return 0;
 }
 
 static void
 epoll_close(struct evt_loop *loop)
 {
-    struct epoll_backend *backend = loop->backend_data;
+    struct epoll_backend *backend = loop->kernel.data;
     (void)close(backend->epfd); /* released whatever close(2) says */
     free(backend->events);
     free(backend);
@@ -71,7 +71,7 @@ epoll_close(struct evt_loop *loop)
 static int
 epoll_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
-    struct epoll_backend *backend = loop->backend_data;
+    struct epoll_backend *backend = loop->kernel.data;
     struct evt_backend_slot *slot = &reg->slot;
     int known = slot->generation == reg->generation;
     if (known && !(reg->events & ~slot->interest)) return 0; /* already watched: the usual case */
@@ -103,13 +103,13 @@ epoll_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 static int
 epoll_wait_events(struct evt_loop *loop, int64_t timeout_ns)
 {
-    struct epoll_backend *backend = loop->backend_data;
-    if (backend->capacity < loop->fired_capacity) {
+    struct epoll_backend *backend = loop->kernel.data;
+    if (backend->capacity < loop->kernel.fired_capacity) {
         /* The core's array grew: so does ours (a failure keeps the smaller one). */
-        struct epoll_event *events = realloc(backend->events, (size_t)loop->fired_capacity * sizeof(*events));
+        struct epoll_event *events = realloc(backend->events, (size_t)loop->kernel.fired_capacity * sizeof(*events));
         if (events) {
             backend->events = events;
-            backend->capacity = loop->fired_capacity;
+            backend->capacity = loop->kernel.fired_capacity;
         }
         else if (!backend->capacity) return -ENOMEM;
     }
@@ -136,10 +136,10 @@ done:
     for (int i = 0; i < n; i++) {
         struct epoll_event *event = &backend->events[i];
         if (event->data.u64 == WAKEUP_TAG) {
-            evt_wakeup_drain(&loop->wakeup);
+            evt_wakeup_drain(&loop->kernel.wakeup);
             continue;
         }
-        loop->fired[fired++] = (struct evt_fired){
+        loop->kernel.fired[fired++] = (struct evt_fired){
             .fd = (int)(uint32_t)event->data.u64,
             .generation = (uint32_t)(event->data.u64 >> 32),
             .events = evt_events_from_poll(event->events),

@@ -4,7 +4,7 @@
  * the slot its slot.index names only while a waiter wants events (added by arm, swap-removed by
  * disarm: O(1)). poll(2) is level-triggered, which suits the core: it waits only after EAGAIN, and a
  * woken waiter's events leave the slot at once. wait() copies what fired, with the generations, into
- * the core's loop->fired: dispatching (and the requests served before it) disarms, which moves slots. */
+ * the core's loop->kernel.fired: dispatching (and the requests served before it) disarms, which moves slots. */
 #include "core.h"
 
 #ifdef HAVE_POLL_H
@@ -54,17 +54,17 @@ poll_open(struct evt_loop *loop)
         poll_free(backend);
         return -ENOMEM;
     }
-    backend->fds[0] = (struct pollfd){.fd = loop->wakeup.read_fd, .events = POLLIN};
+    backend->fds[0] = (struct pollfd){.fd = loop->kernel.wakeup.read_fd, .events = POLLIN};
     backend->regs[0] = NULL;
     backend->count = 1;
-    loop->backend_data = backend;
+    loop->kernel.data = backend;
     return 0;
 }
 
 static void
 poll_close(struct evt_loop *loop)
 {
-    poll_free(loop->backend_data);
+    poll_free(loop->kernel.data);
 }
 
 /* Doubles both arrays. A failure part way leaves a bigger block behind, which is harmless:
@@ -87,7 +87,7 @@ poll_grow(struct poll_backend *backend)
 static int
 poll_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
-    struct poll_backend *backend = loop->backend_data;
+    struct poll_backend *backend = loop->kernel.data;
     struct evt_backend_slot *slot = &reg->slot;
     if (slot->generation != reg->generation) {
         /* Once per IO on the descriptor. poll(2) calls files always ready where epoll refuses them
@@ -120,7 +120,7 @@ poll_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
     struct evt_backend_slot *slot = &reg->slot;
     int index = slot->index;
     if (index < 0) return; /* never armed (a file), or the backend was closed since */
-    struct poll_backend *backend = loop->backend_data;
+    struct poll_backend *backend = loop->kernel.data;
     nfds_t last = --backend->count;
     if ((nfds_t)index != last) {
         backend->fds[index] = backend->fds[last];
@@ -131,11 +131,11 @@ poll_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
     slot->interest = 0;
 }
 
-/* Level-triggered: what does not fit in loop->fired this time is reported again by the next wait. */
+/* Level-triggered: what does not fit in loop->kernel.fired this time is reported again by the next wait. */
 static int
 poll_wait(struct evt_loop *loop, int64_t timeout_ns)
 {
-    struct poll_backend *backend = loop->backend_data;
+    struct poll_backend *backend = loop->kernel.data;
     int n;
 #ifdef HAVE_PPOLL
     struct timespec ts = {(time_t)(timeout_ns / 1000000000), (long)(timeout_ns % 1000000000)};
@@ -149,15 +149,15 @@ poll_wait(struct evt_loop *loop, int64_t timeout_ns)
     /* Copied out now, with the generations: slots move when dispatching disarms. n counts the
      * slots with revents. */
     int found = 0, fired = 0;
-    for (nfds_t i = 0; i < backend->count && found < n && fired < loop->fired_capacity; i++) {
+    for (nfds_t i = 0; i < backend->count && found < n && fired < loop->kernel.fired_capacity; i++) {
         short revents = backend->fds[i].revents;
         if (!revents) continue;
         found++;
         if (i == 0) {
-            evt_wakeup_drain(&loop->wakeup);
+            evt_wakeup_drain(&loop->kernel.wakeup);
             continue;
         }
-        loop->fired[fired++] = (struct evt_fired){
+        loop->kernel.fired[fired++] = (struct evt_fired){
             .fd = backend->fds[i].fd,
             .generation = backend->regs[i]->generation,
             .events = evt_events_from_poll((unsigned short)revents),

@@ -108,7 +108,7 @@ select_open(struct evt_loop *loop)
     struct select_backend *backend = calloc(1, sizeof(*backend));
     if (!backend) return -ENOMEM;
     backend->words = INITIAL_WORDS;
-    while (backend->words * WORD_BITS <= (size_t)loop->wakeup.read_fd) backend->words *= 2;
+    while (backend->words * WORD_BITS <= (size_t)loop->kernel.wakeup.read_fd) backend->words *= 2;
     backend->bits = calloc(backend->words * 2 * SETS, sizeof(*backend->bits));
     backend->regs = calloc(backend->words * WORD_BITS, sizeof(*backend->regs));
     if (!backend->bits || !backend->regs) {
@@ -116,22 +116,22 @@ select_open(struct evt_loop *loop)
         return -ENOMEM;
     }
     select_point(backend);
-    BIT_SET(backend->interest[SET_READ], loop->wakeup.read_fd); /* always in the read set */
-    backend->nfds = loop->wakeup.read_fd + 1;
-    loop->backend_data = backend;
+    BIT_SET(backend->interest[SET_READ], loop->kernel.wakeup.read_fd); /* always in the read set */
+    backend->nfds = loop->kernel.wakeup.read_fd + 1;
+    loop->kernel.data = backend;
     return 0;
 }
 
 static void
 select_close(struct evt_loop *loop)
 {
-    select_free(loop->backend_data);
+    select_free(loop->kernel.data);
 }
 
 static int
 select_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
-    struct select_backend *backend = loop->backend_data;
+    struct select_backend *backend = loop->kernel.data;
     struct evt_backend_slot *slot = &reg->slot;
     if (slot->generation != reg->generation) {
         /* Once per IO on the descriptor. select(2) calls files always ready where epoll refuses
@@ -166,7 +166,7 @@ select_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
     struct evt_backend_slot *slot = &reg->slot;
     if (slot->index < 0) return; /* never armed (a file), or the backend was closed since */
-    struct select_backend *backend = loop->backend_data;
+    struct select_backend *backend = loop->kernel.data;
     for (int s = 0; s < SETS; s++) BIT_CLEAR(backend->interest[s], fd);
     backend->regs[fd] = NULL;
     backend->armed--;
@@ -187,7 +187,7 @@ select_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 }
 
 /* After EBADF: collects the descriptors in the interest sets that are not open any more (closed
- * without IO#close, or by another thread) into loop->fired, as POLLNVAL (every event). Their count,
+ * without IO#close, or by another thread) into loop->kernel.fired, as POLLNVAL (every event). Their count,
  * or -1 when the wakeup descriptor itself was closed behind our back. Without the GVL. */
 static int
 select_find_closed(struct evt_loop *loop, struct select_backend *backend, size_t words)
@@ -199,9 +199,9 @@ select_find_closed(struct evt_loop *loop, struct select_backend *backend, size_t
             int fd = (int)(i * WORD_BITS + (size_t)__builtin_ctzl(any));
             any &= any - 1;
             if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
-            if (fd == loop->wakeup.read_fd) return -1;
-            if (found == loop->fired_capacity) continue; /* reported by a later wait */
-            loop->fired[found++] = (struct evt_fired){
+            if (fd == loop->kernel.wakeup.read_fd) return -1;
+            if (found == loop->kernel.fired_capacity) continue; /* reported by a later wait */
+            loop->kernel.fired[found++] = (struct evt_fired){
                 .fd = fd,
                 .generation = backend->regs[fd]->generation,
                 .events = evt_events_from_poll(POLLNVAL),
@@ -211,21 +211,21 @@ select_find_closed(struct evt_loop *loop, struct select_backend *backend, size_t
     return found;
 }
 
-/* Level-triggered: what does not fit in loop->fired this time is reported again by the next wait. */
+/* Level-triggered: what does not fit in loop->kernel.fired this time is reported again by the next wait. */
 static int
 select_wait(struct evt_loop *loop, int64_t timeout_ns)
 {
-    struct select_backend *backend = loop->backend_data;
+    struct select_backend *backend = loop->kernel.data;
     int nfds = backend->nfds;
     size_t words = WORD_OF(nfds - 1) + 1;
     struct timespec ts = {(time_t)(timeout_ns / 1000000000), (long)(timeout_ns % 1000000000)};
     struct timespec zero = {0, 0};
-    int closed = 0; /* entries of descriptors found closed, at the start of loop->fired */
+    int closed = 0; /* entries of descriptors found closed, at the start of loop->kernel.fired */
     int n = -1;
     for (int attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
         for (int s = 0; s < SETS; s++) memcpy(backend->result[s], backend->interest[s], words * sizeof(select_word));
         for (int i = 0; i < closed; i++)
-            for (int s = 0; s < SETS; s++) BIT_CLEAR(backend->result[s], loop->fired[i].fd);
+            for (int s = 0; s < SETS; s++) BIT_CLEAR(backend->result[s], loop->kernel.fired[i].fd);
         /* With closed descriptors to report, only a look at the others. */
         const struct timespec *timeout = closed ? &zero : timeout_ns < 0 ? NULL : &ts;
         n = pselect(nfds, (fd_set *)backend->result[SET_READ], (fd_set *)backend->result[SET_WRITE],
@@ -250,13 +250,13 @@ select_wait(struct evt_loop *loop, int64_t timeout_ns)
                 select_word bit = any & -any;
                 int fd = (int)(i * WORD_BITS + (size_t)__builtin_ctzl(any));
                 any &= any - 1;
-                if (fd == loop->wakeup.read_fd) {
-                    evt_wakeup_drain(&loop->wakeup);
+                if (fd == loop->kernel.wakeup.read_fd) {
+                    evt_wakeup_drain(&loop->kernel.wakeup);
                     continue;
                 }
-                if (fired == loop->fired_capacity) continue;
+                if (fired == loop->kernel.fired_capacity) continue;
                 unsigned revents = (r & bit ? POLLIN : 0) | (w & bit ? POLLOUT : 0) | (e & bit ? POLLPRI : 0);
-                loop->fired[fired++] = (struct evt_fired){
+                loop->kernel.fired[fired++] = (struct evt_fired){
                     .fd = fd,
                     .generation = backend->regs[fd]->generation,
                     .events = evt_events_from_poll(revents),

@@ -40,7 +40,7 @@ enum { TAG_OP = 0, TAG_POLL = 1, TAG_WAKEUP = 2, TAG_IGNORE = 3, TAG_MASK = 3 };
 
 struct uring_backend {
     struct io_uring ring;
-    int wakeup_fd;         /* the core's (loop->wakeup) */
+    int wakeup_fd;         /* the core's (loop->kernel.wakeup) */
     uint64_t wakeup_value; /* its read lands here */
     uint64_t cancel_serial; /* of the last cancellation asked (uring_cancel); its answer: */
     int cancel_answer;      /* CANCEL_UNANSWERED, or what the kernel said (0, -ENOENT, -EALREADY) */
@@ -187,10 +187,10 @@ uring_open(struct evt_loop *loop)
         ruby_xfree(backend);
         return err;
     }
-    backend->wakeup_fd = loop->wakeup.read_fd;
+    backend->wakeup_fd = loop->kernel.wakeup.read_fd;
     backend->cancel_serial = 0;
     backend->cancel_answer = 0;
-    loop->backend_data = backend;
+    loop->kernel.data = backend;
     arm_wakeup(backend);
     return 0;
 }
@@ -198,7 +198,7 @@ uring_open(struct evt_loop *loop)
 static void
 uring_close(struct evt_loop *loop)
 {
-    struct uring_backend *backend = loop->backend_data;
+    struct uring_backend *backend = loop->kernel.data;
     /* Closing the ring cancels what is still in it; in a forked child it only drops the child's
      * mappings and descriptor: the parent's ring is untouched. */
     io_uring_queue_exit(&backend->ring);
@@ -218,7 +218,7 @@ poll_remove(struct uring_backend *backend, int fd, struct evt_registration *reg)
 static int
 uring_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
-    struct uring_backend *backend = loop->backend_data;
+    struct uring_backend *backend = loop->kernel.data;
     struct evt_backend_slot *slot = &reg->slot;
     if (slot->interest && slot->generation == reg->generation && !(reg->events & ~slot->interest))
         return 0; /* one in flight covers it */
@@ -235,13 +235,13 @@ static void
 uring_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
     /* A poll in flight keeps the file open in the kernel: take it back. */
-    if (reg->slot.interest) poll_remove(loop->backend_data, fd, reg);
+    if (reg->slot.interest) poll_remove(loop->kernel.data, fd, reg);
 }
 
 static int
 uring_wait(struct evt_loop *loop, int64_t timeout_ns)
 {
-    struct uring_backend *backend = loop->backend_data;
+    struct uring_backend *backend = loop->kernel.data;
     int r;
     if (timeout_ns == 0) {
         r = io_uring_submit_and_get_events(&backend->ring);
@@ -318,7 +318,7 @@ dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
 static void
 uring_complete(struct evt_loop *loop)
 {
-    dispatch_completions(loop, loop->backend_data);
+    dispatch_completions(loop, loop->kernel.data);
 }
 
 /* waitid(P_PID, pid, info, WEXITED | WNOWAIT) in the ring: the child stays to be reaped by Ruby,
@@ -337,7 +337,7 @@ prep_waitid(struct io_uring_sqe *sqe, pid_t pid, siginfo_t *info)
 static int
 uring_transfer(struct evt_loop *loop, struct evt_op *op)
 {
-    struct uring_backend *backend = loop->backend_data;
+    struct uring_backend *backend = loop->kernel.data;
     if (op->kind == EVT_OP_WAITID && !has_waitid) return -ENOTSUP;
     struct io_uring_sqe *sqe = next_sqe(backend);
     if (op->kind == EVT_OP_WAITID) {
@@ -384,7 +384,7 @@ unsubmit(struct io_uring_sq *sq, struct evt_op *op)
 static void
 uring_cancel(struct evt_loop *loop, struct evt_op *op)
 {
-    struct uring_backend *backend = loop->backend_data;
+    struct uring_backend *backend = loop->kernel.data;
     /* A request the kernel has not seen is simply never made: cheaper than a cancellation. */
     if (unsubmit(&backend->ring.sq, op)) backend->cancel_answer = 0;
     else backend->cancel_answer = -ENOENT;
@@ -416,7 +416,7 @@ uring_cancel(struct evt_loop *loop, struct evt_op *op)
 static void
 uring_release(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
-    struct uring_backend *backend = loop->backend_data;
+    struct uring_backend *backend = loop->kernel.data;
     if (!io_uring_sq_ready(&backend->ring)) return;
     int r = io_uring_submit_and_get_events(&backend->ring);
     if (r < 0 && r != -EINTR && r != -EBUSY && r != -EAGAIN) rb_syserr_fail(-r, "io_uring_enter");
@@ -459,7 +459,7 @@ yield_cpu(void *unused)
 /* Another thread, holding the GVL, is about to close fd: no request naming it may reach the kernel
  * after that, when the number may belong to another file. The kernel takes queued requests only
  * inside io_uring_enter, which the loop's thread calls either with the GVL (cancel, release, a
- * zero-timeout wait: not now, then) or between setting and clearing loop->blocked, both under the
+ * zero-timeout wait: not now, then) or between setting and clearing loop->kernel.blocked, both under the
  * GVL. So while blocked is clear, the loop's thread is away from the ring and cannot come back
  * before the closer is done: the queued requests become no-ops with the same user_data, so their
  * waiters still get a completion. While it is set, the loop's thread is on its way into the kernel,
@@ -469,14 +469,14 @@ yield_cpu(void *unused)
 static void
 uring_closed_elsewhere(struct evt_loop *loop, int fd)
 {
-    struct io_uring_sq *sq = &((struct uring_backend *)loop->backend_data)->ring.sq;
-    while (__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST)) {
+    struct io_uring_sq *sq = &((struct uring_backend *)loop->kernel.data)->ring.sq;
+    while (__atomic_load_n(&loop->kernel.blocked, __ATOMIC_SEQ_CST)) {
         if (!queued_for(sq, fd)) return;
         rb_thread_call_without_gvl(yield_cpu, NULL, RUBY_UBF_IO, NULL);
         /* Other threads ran meanwhile: the ring may have been closed (its requests with it) or
          * replaced. */
-        if (!loop->backend_data) return;
-        sq = &((struct uring_backend *)loop->backend_data)->ring.sq;
+        if (!loop->kernel.data) return;
+        sq = &((struct uring_backend *)loop->kernel.data)->ring.sq;
     }
     for (unsigned i = io_uring_smp_load_acquire(sq->khead); i != sq->sqe_tail; i++) {
         struct io_uring_sqe *sqe = &sq->sqes[i & sq->ring_mask];

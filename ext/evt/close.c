@@ -11,7 +11,7 @@
  *
  * Another thread holding the GVL cannot touch a loop's kernel objects or fibers: what it asks of the
  * loop (wake the waiters of an IO it closes, raise in a fiber: fiber_interrupt) is queued on
- * loop->requests, and the loop's thread serves it on its next turn (loop.c).
+ * loop->requests.list, and the loop's thread serves it on its next turn (loop.c).
  *
  * Ruby 4.0 interrupts waiting fibers itself, through the scheduler's fiber_interrupt hook, and asks
  * the scheduler to close the descriptor with io_close (hooks.c). What it leaves undone is done here
@@ -94,15 +94,15 @@ again:
             target = w->owner;
         }
         if (target->state == EVT_WAITING) evt_waiter_wake(loop, target, EVT_CLOSED, 0);
-        if (w->op && w->op->pending && loop->backend_data) {
+        if (w->op && w->op->pending && loop->kernel.data) {
             /* A transfer in the kernel holds the file: take it back now. Cancelling may dispatch
              * other completions, which changes the list: look again from the start. */
-            loop->backend->cancel(loop, w->op);
+            loop->kernel.backend->cancel(loop, w->op);
             goto again;
         }
     }
-    if (reg->io == io && !reg->events && loop->backend->release && loop->backend_data)
-        loop->backend->release(loop, fd, reg);
+    if (reg->io == io && !reg->events && loop->kernel.backend->release && loop->kernel.data)
+        loop->kernel.backend->release(loop, fd, reg);
 }
 
 /* Ruby 4.0's io_close(fd), on the closing thread: Ruby has marked the IO closed and interrupted the
@@ -131,9 +131,9 @@ evt_close_descriptor(struct evt_loop *loop, int fd)
 void
 evt_close_request(struct evt_loop *loop, VALUE first, VALUE second)
 {
-    if (NIL_P(loop->requests)) loop->requests = rb_ary_new();
-    rb_ary_push(loop->requests, rb_assoc_new(first, second));
-    loop->has_requests = 1;
+    if (NIL_P(loop->requests.list)) loop->requests.list = rb_ary_new();
+    rb_ary_push(loop->requests.list, rb_assoc_new(first, second));
+    loop->requests.pending = 1;
     evt_loop_wake(loop);
 }
 
@@ -198,7 +198,7 @@ must_hear(struct evt_loop *loop, void *ptr)
      * also what a loop left behind by its thread is (Ruby closes a thread's scheduler when the
      * thread ends): garbage, perhaps, that the GC has not swept yet while the Ruby objects it holds
      * may be (its requests array): it must not be touched. */
-    return loop->backend_data != NULL;
+    return loop->kernel.data != NULL;
 }
 
 /* Ruby 4.0: whether the current fiber can let the loop run and come back (the loop's own fiber, or
@@ -236,9 +236,9 @@ hear(struct evt_loop *loop, void *ptr)
      * (no other thread running until Ruby marks io closed, or a fiber could start a transfer on io
      * after the loop served the request, and be left in the kernel). */
     VALUE keep = loop->self; /* the loop stays meanwhile */
-    if (loop->backend->closed_elsewhere) loop->backend->closed_elsewhere(loop, fd);
+    if (loop->kernel.backend->closed_elsewhere) loop->kernel.backend->closed_elsewhere(loop, fd);
     RB_GC_GUARD(keep);
-    if (loop->kernel_ops && waited_on(loop, io, fd)) {
+    if (loop->kernel.ops && waited_on(loop, io, fd)) {
         rb_io_t *fptr = RFILE(io)->fptr;
         hand_over(loop->registrations[fd], io, &fptr->rbuf);
         hand_over(loop->registrations[fd], io, &fptr->wbuf);
@@ -281,9 +281,9 @@ evt_close_io(VALUE io, int fd)
 VALUE
 evt_close_serve(struct evt_loop *loop)
 {
-    VALUE requests = loop->requests;
-    loop->requests = Qnil;
-    loop->has_requests = 0;
+    VALUE requests = loop->requests.list;
+    loop->requests.list = Qnil;
+    loop->requests.pending = 0;
     if (NIL_P(requests)) return Qnil;
     VALUE rest = Qnil;
     for (long i = 0; i < RARRAY_LEN(requests); i++) {

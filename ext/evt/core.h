@@ -90,16 +90,28 @@ struct evt_registration {
     struct evt_backend_slot slot; /* the backend's own (backend.h) */
 };
 
-/* loop->fired: entries to start with, and at most (a wait reports no more; the rest wait for the next). */
+/* loop->kernel.fired: entries to start with, and at most (a wait reports no more; the rest wait for the next). */
 enum { EVT_FIRED_INITIAL = 64, EVT_FIRED_MAX = 4096 };
 
 struct evt_loop {
     VALUE self;
-    const struct evt_backend *backend;
-    void *backend_data;       /* NULL while closed */
-    struct evt_wakeup wakeup; /* open with the backend's kernel objects */
-    struct evt_fired *fired;  /* what a readiness backend's wait collected, for the core to dispatch */
-    int fired_capacity;
+    /* The kernel side: the backend, its objects, and what its waits collect. */
+    struct {
+        const struct evt_backend *backend;
+        void *data;               /* the backend's kernel objects; NULL while closed */
+        struct evt_wakeup wakeup; /* open with the backend's kernel objects */
+        struct evt_fired *fired;  /* what a readiness backend's wait collected, for the core to dispatch */
+        int fired_capacity;
+        volatile int blocked;     /* inside the backend's wait without the GVL: wakeups must go to the kernel */
+        int woken;                /* a wakeup went to the kernel during this wait: more would be wasted */
+        size_t ops;               /* transfers submitted to the kernel and not reaped: it may still use their
+                                     memory, so the loop stays alive (see loop_registry) and drains them on close */
+        int64_t wake_late_ns;     /* how late a timed kernel wait ends, on average: such waits end that
+                                     much early, and the loop spins the rest (wait_out_timer in loop.c) */
+        int interrupted;          /* driven: the tag of an exception that ended the kernel wait, to raise
+                                     once its events are dispatched */
+    } kernel;
+    /* The fibers: who runs, who is ready, who waits. */
     VALUE loop_fiber;
     VALUE current;            /* the fiber the loop last switched to (loop_fiber when it has control) */
     VALUE thread;
@@ -107,44 +119,46 @@ struct evt_loop {
     size_t ready_count;       /* in ready and in dispatched */
     struct evt_list dispatched; /* EVT_RUN_ONCE: woken by this turn's events, resumed before it returns */
     int dispatching;          /* EVT_RUN_ONCE: evt_waiter_ready puts waiters in dispatched, not ready */
-    unsigned char driven;     /* turned by someone else's loop (a selector's, async's): its loop fiber
-                                 waits alone, and its kernel waits leave interrupts pending */
-    unsigned char finished;   /* closed for good: nothing opens its kernel objects again */
-    int64_t wake_late_ns;     /* how late a timed kernel wait ends, on average: such waits end that
-                                 much early, and the loop spins the rest (wait_out_timer in loop.c) */
-    int interrupted;          /* driven: the tag of an exception that ended the kernel wait, to raise
-                                 once its events are dispatched */
+    size_t waiting;           /* fibers suspended in evt */
+    int running;              /* inside evt_loop_run (nested when the loop fiber itself waits) */
     struct evt_list spare;    /* pushed waiters to reuse (evt_loop_push), by io_link */
     size_t spare_count;
     struct evt_list allocated; /* waiters on the heap (for fibers that switched away), by io_link */
     struct evt_list operations; /* waiters of transfers the backend does, by io_link */
-    size_t kernel_ops;        /* transfers submitted to the kernel and not reaped: it may still use their
-                                 memory, so the loop stays alive (see loop_registry) and drains them on close */
-    struct evt_timers timers;
     st_table *unblockable;    /* fiber -> waiter, for unblock */
-    struct evt_registration **registrations;  /* by descriptor, allocated on first use */
-    int registrations_size;
-    uint32_t generation;
-    size_t waiting;           /* fibers suspended in evt */
-    volatile int blocked;     /* inside the backend's wait without the GVL: wakeups must go to the kernel */
-    int woken;                /* a wakeup went to the kernel during this wait: more would be wasted */
-    int running;              /* inside evt_loop_run (nested when the loop fiber itself waits) */
-    unsigned forks;           /* evt_object_forks when the kernel objects were made */
-    unsigned epoch;           /* changes when the loop forgets its waiters (evt_object_forget) */
-    struct evt_list link;     /* in the process's list of loops, which IO#close looks through */
-    unsigned long ractor;     /* the Ractor that made it (evt_object_ractor_serial): the only one that uses it */
-    unsigned long visited;    /* the last evt_object_each_in_ractor that looked at it; these three under  */
-    int pins;                 /* its lock: visits under way (the GC's free waits for them), and      */
-    int swept;                /* whether the GC freed the object meanwhile (the last visit frees it) */
-    VALUE requests;           /* from other threads: [io, fd] closed, [fiber, exception] to raise */
-    int has_requests;
     /* An unblock that came for the fiber running right now (`current`), before it reached block:
      * its next block or sleep ends at once; any other wait of it drops the unblock. */
     VALUE early_unblock;
-    /* Starts new fibers for the loop fiber (see launch in loop.c); nil until first needed. */
-    VALUE launcher;
-    VALUE launch_caller;      /* the fiber a launch returns to when the new fiber cannot start */
-    VALUE launch_error;       /* that FiberError */
+    /* Starting new fibers for the loop fiber (see launch in loop.c); nil until first needed. */
+    struct {
+        VALUE fiber;          /* the fiber that starts them */
+        VALUE caller;         /* the fiber a launch returns to when the new fiber cannot start */
+        VALUE error;          /* that FiberError */
+    } launch;
+    /* What it waits on: timers and descriptors. */
+    struct evt_timers timers;
+    struct evt_registration **registrations;  /* by descriptor, allocated on first use */
+    int registrations_size;
+    uint32_t generation;
+    /* How it is driven, and its life. */
+    unsigned char driven;     /* turned by someone else's loop (a selector's, async's): its loop fiber
+                                 waits alone, and its kernel waits leave interrupts pending */
+    unsigned char finished;   /* closed for good: nothing opens its kernel objects again */
+    unsigned forks;           /* evt_object_forks when the kernel objects were made */
+    unsigned epoch;           /* changes when the loop forgets its waiters (evt_object_forget) */
+    /* From other threads: [io, fd] closed, [fiber, exception] to raise. */
+    struct {
+        VALUE list;
+        int pending;
+    } requests;
+    /* Its place in the process's list of loops, which IO#close looks through (object.c). */
+    struct {
+        struct evt_list link;
+        unsigned long ractor;  /* the Ractor that made it (evt_object_ractor_serial): the only one that uses it */
+        unsigned long visited; /* the last evt_object_each_in_ractor that looked at it; these three under */
+        int pins;              /* its lock: visits under way (the GC's free waits for them), and */
+        int swept;             /* whether the GC freed the object meanwhile (the last visit frees it) */
+    } listing;
 };
 
 #define EACH_WAITER(head, member, w)                                                           \
@@ -193,8 +207,8 @@ evt_waiter_init(struct evt_waiter *w, VALUE fiber)
 static inline int
 evt_loop_wake(struct evt_loop *loop)
 {
-    if (!__atomic_load_n(&loop->blocked, __ATOMIC_SEQ_CST) || !loop->backend_data) return 0;
-    if (!__atomic_exchange_n(&loop->woken, 1, __ATOMIC_SEQ_CST)) evt_wakeup_signal(&loop->wakeup);
+    if (!__atomic_load_n(&loop->kernel.blocked, __ATOMIC_SEQ_CST) || !loop->kernel.data) return 0;
+    if (!__atomic_exchange_n(&loop->kernel.woken, 1, __ATOMIC_SEQ_CST)) evt_wakeup_signal(&loop->kernel.wakeup);
     return 1;
 }
 
@@ -235,23 +249,33 @@ struct evt_selection {
 };
 
 struct evt_wait {
+    /* The header every kind shares. */
     struct evt_waiter waiter;        /* what the loop's structures hold meanwhile */
     struct evt_loop *loop;
     enum evt_wait_kind kind;
     int64_t timeout;                 /* -1: none */
     unsigned forks;                  /* the loop's, when made: a wait resumed in a forked child is the parent's */
     unsigned epoch;                  /* the loop's, when made: a wait the loop has forgotten since is left alone */
-    VALUE target;                    /* EVT_WAIT_START: the new fiber */
-    int argc;                        /* EVT_WAIT_START: what to transfer to it (the selector's resume) */
-    const VALUE *argv;
-    int raise;                       /* EVT_WAIT_START: Fiber#raise it with argv instead (kw_splat: keywords) */
-    int kw_splat;
-    VALUE value;                     /* EVT_WAIT_START: what came back to the starter */
-    int ready_now;                   /* EVT_WAIT_IO: these events are ready already: to the ready queue */
-    struct evt_selection *selection; /* EVT_WAIT_SELECT */
-    struct evt_op *op;               /* EVT_WAIT_OP */
-    VALUE buffer;                    /* EVT_WAIT_OP: the IO::Buffer, locked by us while the kernel may write to it */
-    int locked;
+    /* What one kind needs besides (its constructor sets it; nothing else is read). */
+    union {
+        struct {
+            int ready_now;           /* these events are ready already: to the ready queue */
+        } io;                        /* EVT_WAIT_IO */
+        struct {
+            VALUE target;            /* the new fiber */
+            int argc;                /* what to transfer to it (the selector's resume) */
+            const VALUE *argv;
+            int raise;               /* Fiber#raise it with argv instead (kw_splat: keywords) */
+            int kw_splat;
+            VALUE value;             /* what came back to the starter */
+        } start;                     /* EVT_WAIT_START */
+        struct evt_selection *selection; /* EVT_WAIT_SELECT */
+        struct {
+            struct evt_op *op;
+            VALUE buffer;            /* the IO::Buffer, locked by us while the kernel may write to it */
+            int locked;
+        } op;                        /* EVT_WAIT_OP */
+    } as;
 };
 
 #endif

@@ -54,15 +54,15 @@ static VALUE
 launcher_failed(VALUE loop_value, VALUE error)
 {
     struct evt_loop *loop = evt_object_of(loop_value);
-    loop->launch_error = error;
-    return rb_fiber_transfer(loop->launch_caller, 0, NULL);
+    loop->launch.error = error;
+    return rb_fiber_transfer(loop->launch.caller, 0, NULL);
 }
 
 static VALUE
 launcher_body(RB_BLOCK_CALL_FUNC_ARGLIST(unused, loop_value))
 {
     struct evt_loop *loop = evt_object_of(loop_value);
-    VALUE target = rb_fiber_transfer(loop->launch_caller, 0, NULL); /* made: wait for the first launch */
+    VALUE target = rb_fiber_transfer(loop->launch.caller, 0, NULL); /* made: wait for the first launch */
     for (;;) target = rb_rescue2(launcher_switch, target, launcher_failed, loop_value, eFiberError, 0);
     UNREACHABLE_RETURN(Qnil);
 }
@@ -72,21 +72,21 @@ launcher_body(RB_BLOCK_CALL_FUNC_ARGLIST(unused, loop_value))
 static void
 launch(struct evt_loop *loop, VALUE fiber)
 {
-    loop->launch_caller = rb_fiber_current();
-    if (NIL_P(loop->launcher)) {
+    loop->launch.caller = rb_fiber_current();
+    if (NIL_P(loop->launch.fiber)) {
         VALUE launcher = rb_fiber_new(launcher_body, loop->self);
         rb_fiber_transfer(launcher, 0, NULL); /* it comes straight back, ready */
-        loop->launcher = launcher;
+        loop->launch.fiber = launcher;
     }
-    loop->launch_error = Qnil;
+    loop->launch.error = Qnil;
     /* Not known to run until it says so (started): starting can fail before it does. */
     loop->current = Qnil;
-    rb_fiber_transfer(loop->launcher, 1, &fiber);
+    rb_fiber_transfer(loop->launch.fiber, 1, &fiber);
     loop->current = loop->loop_fiber;
-    loop->launch_caller = Qnil;
+    loop->launch.caller = Qnil;
     if (RB_UNLIKELY(loop->early_unblock == fiber)) loop->early_unblock = Qnil; /* it ended without waiting */
-    VALUE error = loop->launch_error;
-    loop->launch_error = Qnil;
+    VALUE error = loop->launch.error;
+    loop->launch.error = Qnil;
     if (!NIL_P(error)) rb_exc_raise(error);
 }
 
@@ -199,13 +199,13 @@ loop_wakeup(VALUE self)
 static VALUE
 loop_backend(VALUE self)
 {
-    return ID2SYM(rb_intern(evt_object_check(self)->backend->name));
+    return ID2SYM(rb_intern(evt_object_check(self)->kernel.backend->name));
 }
 
 static VALUE
 loop_closed_p(VALUE self)
 {
-    return evt_object_check(self)->backend_data ? Qfalse : Qtrue;
+    return evt_object_check(self)->kernel.data ? Qfalse : Qtrue;
 }
 
 /* The number of fibers suspended in the loop. */
@@ -262,12 +262,12 @@ static VALUE
 loop_initialize(VALUE self, VALUE name)
 {
     struct evt_loop *loop = evt_object_of(self);
-    if (loop->backend) rb_raise(rb_eRuntimeError, "evt: loop already initialized");
+    if (loop->kernel.backend) rb_raise(rb_eRuntimeError, "evt: loop already initialized");
     const struct evt_backend *backend = backend_named(name);
     if (!backend) rb_raise(rb_eArgError, "evt: unknown backend %" PRIsVALUE, rb_inspect(name));
     const char *reason = backend->probe();
     if (reason) rb_raise(rb_eArgError, "evt: the %s backend cannot run here: %s", backend->name, reason);
-    loop->backend = backend;
+    loop->kernel.backend = backend;
     loop->loop_fiber = loop->current = rb_fiber_current();
     loop->thread = rb_thread_current();
     evt_object_open(loop);

@@ -216,7 +216,7 @@ static VALUE
 loop_wait_child_exit(VALUE self, VALUE pid)
 {
     struct evt_loop *loop = evt_object_get(self);
-    if (!loop->backend->transfer) return Qnil;
+    if (!loop->kernel.backend->transfer) return Qnil;
     siginfo_t info;
     memset(&info, 0, sizeof(info));
     struct evt_op op = {.kind = EVT_OP_WAITID, .fd = NUM2PIDT(pid), .base = &info, .position = -1};
@@ -346,7 +346,7 @@ loop_io_close(VALUE self, VALUE fd_value)
     if (fd < 0) return Qfalse;
     evt_close_descriptor(loop, fd);
     struct evt_registration *reg = evt_registration_find(loop, fd);
-    if (reg && !reg->events && loop->backend->release) loop->backend->release(loop, fd, reg);
+    if (reg && !reg->events && loop->kernel.backend->release) loop->kernel.backend->release(loop, fd, reg);
     /* Any error but EBADF still released the descriptor (Linux): closing it again could hit another file. */
     return close(fd) < 0 && errno == EBADF ? Qfalse : Qtrue;
 }

@@ -244,7 +244,7 @@ enum route { ROUTE_NOW, ROUTE_RING, ROUTE_RING_NOWAIT, ROUTE_READ_NOW };
 static inline enum route
 route_of(struct evt_loop *loop, struct evt_registration *reg, off_t position, int may_wait, int events)
 {
-    if (!loop->backend->transfer) return ROUTE_NOW;
+    if (!loop->kernel.backend->transfer) return ROUTE_NOW;
     int socket = reg->flags & EVT_REG_SOCKET;
     if (events == EVT_WRITABLE) {
         if (socket && position < 0 && !may_wait && loop->driven) return ROUTE_RING_NOWAIT;
@@ -252,7 +252,7 @@ route_of(struct evt_loop *loop, struct evt_registration *reg, off_t position, in
     }
     if (reg->flags & EVT_REG_FILE) return ROUTE_RING;
     if (position >= 0 || !may_wait) return ROUTE_NOW;
-    if (events == EVT_READABLE && !(reg->flags & EVT_REG_BLOCKING) && loop->backend->read_now) return ROUTE_READ_NOW;
+    if (events == EVT_READABLE && !(reg->flags & EVT_REG_BLOCKING) && loop->kernel.backend->read_now) return ROUTE_READ_NOW;
     return ROUTE_RING;
 }
 
@@ -333,7 +333,7 @@ transfer_single(struct transfer *t, size_t offset, size_t max, int may_wait)
     struct evt_registration *reg = t->reg;
     enum route route = route_of(loop, reg, t->position, may_wait, t->events);
     if (route == ROUTE_READ_NOW) {
-        long n = loop->backend->read_now(loop, t->fd, reg, (reg->flags & EVT_REG_SOCKET) != 0, at, max);
+        long n = loop->kernel.backend->read_now(loop, t->fd, reg, (reg->flags & EVT_REG_SOCKET) != 0, at, max);
         if (n != -EAGAIN) return n;
     }
     if (route != ROUTE_NOW) {
@@ -596,7 +596,7 @@ evt_io_wait_once(VALUE self, VALUE io, VALUE events_value)
     int ready = look_now(loop, io, fd, events);
     struct evt_wait wait;
     evt_wait_io(&wait, loop, io, fd, events, -1);
-    wait.ready_now = ready;
+    wait.as.io.ready_now = ready;
     switch (outcome_on_resume(io, evt_loop_suspend(&wait))) {
     case EVT_IO_READY: return INT2FIX(wait.waiter.ready);
     case EVT_CLOSED: evt_close_raise();

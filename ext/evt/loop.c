@@ -142,13 +142,13 @@ interrupt_one(VALUE ptr)
 static void
 serve_requests(struct evt_loop *loop, int interrupts)
 {
-    if (!loop->has_requests) return;
+    if (!loop->requests.pending) return;
     VALUE rest = evt_close_serve(loop);
     if (NIL_P(rest)) return;
     if (!interrupts) {
-        if (!NIL_P(loop->requests)) rb_ary_concat(rest, loop->requests);
-        loop->requests = rest;
-        loop->has_requests = 1;
+        if (!NIL_P(loop->requests.list)) rb_ary_concat(rest, loop->requests.list);
+        loop->requests.list = rest;
+        loop->requests.pending = 1;
         return;
     }
     VALUE own = Qnil; /* an exception for the loop fiber itself, raised once the rest is done */
@@ -281,7 +281,7 @@ wait_out_timer(struct evt_loop *loop, int64_t start, int64_t timeout, int64_t ea
     if (early < timeout && woke >= asked_end) {
         int64_t late = woke - asked_end;
         if (late > EVT_SPIN_MAX_NS) late = EVT_SPIN_MAX_NS;
-        loop->wake_late_ns += (late - loop->wake_late_ns) / 8;
+        loop->kernel.wake_late_ns += (late - loop->kernel.wake_late_ns) / 8;
     }
     if (deadline - woke > EVT_SPIN_MAX_NS) return;
     while (woke < deadline) woke = evt_now_ns();
@@ -302,7 +302,7 @@ until_first_timer(struct evt_loop *loop, int64_t now)
 static int64_t
 poll_timeout(struct evt_loop *loop, int64_t now)
 {
-    if (loop->ready_count || loop->has_requests) return 0;
+    if (loop->ready_count || loop->requests.pending) return 0;
     return until_first_timer(loop, now);
 }
 
@@ -316,14 +316,14 @@ static void *
 wait_without_gvl(void *ptr)
 {
     struct kernel_wait *wait = ptr;
-    wait->result = wait->loop->backend->wait(wait->loop, wait->timeout);
+    wait->result = wait->loop->kernel.backend->wait(wait->loop, wait->timeout);
     return NULL;
 }
 
 static void
 end_kernel_wait(void *ptr)
 {
-    evt_wakeup_signal(&((struct evt_loop *)ptr)->wakeup);
+    evt_wakeup_signal(&((struct evt_loop *)ptr)->kernel.wakeup);
 }
 
 #ifndef RB_NOGVL_PENDING_INTR_FAIL
@@ -359,25 +359,25 @@ wait_for_selector_protected(VALUE ptr)
     return Qnil;
 }
 
-/* The backend's wait: the number of events it fired into loop->fired. A look (timeout 0) keeps the
+/* The backend's wait: the number of events it fired into loop->kernel.fired. A look (timeout 0) keeps the
  * GVL, which is not worth giving up for it. */
 static int
 wait_in_kernel(struct evt_loop *loop, int64_t timeout)
 {
     struct kernel_wait wait = {loop, timeout, 0};
     if (timeout == 0) {
-        wait.result = loop->backend->wait(loop, 0);
+        wait.result = loop->kernel.backend->wait(loop, 0);
     }
     else {
-        loop->woken = 0; /* under the GVL, as every evt_loop_wake */
-        __atomic_store_n(&loop->blocked, 1, __ATOMIC_SEQ_CST);
+        loop->kernel.woken = 0; /* under the GVL, as every evt_loop_wake */
+        __atomic_store_n(&loop->kernel.blocked, 1, __ATOMIC_SEQ_CST);
         /* RB_NOGVL_INTR_FAIL: no interrupt check on the way out, where an exception would lose the
          * events just taken from the kernel; check_interrupts comes after dispatch. */
         int state = 0;
         if (loop->driven) rb_protect((VALUE(*)(VALUE))wait_for_selector_protected, (VALUE)&wait, &state);
         else rb_nogvl(wait_without_gvl, &wait, end_kernel_wait, loop, RB_NOGVL_INTR_FAIL);
-        __atomic_store_n(&loop->blocked, 0, __ATOMIC_SEQ_CST);
-        loop->interrupted = state; /* raised once the events are dispatched (raise_interrupted) */
+        __atomic_store_n(&loop->kernel.blocked, 0, __ATOMIC_SEQ_CST);
+        loop->kernel.interrupted = state; /* raised once the events are dispatched (raise_interrupted) */
     }
     return wait.result; /* -errno: raised by dispatch, once the closes are served */
 }
@@ -387,9 +387,9 @@ wait_in_kernel(struct evt_loop *loop, int64_t timeout)
 static void
 raise_interrupted(struct evt_loop *loop)
 {
-    int state = loop->interrupted;
+    int state = loop->kernel.interrupted;
     if (RB_LIKELY(!state)) return;
-    loop->interrupted = 0;
+    loop->kernel.interrupted = 0;
     while (!evt_list_empty(&loop->dispatched)) {
         struct evt_list *node = loop->dispatched.next;
         evt_list_remove(node);
@@ -404,15 +404,15 @@ raise_interrupted(struct evt_loop *loop)
 static void
 dispatch(struct evt_loop *loop, int fired)
 {
-    if (fired < 0) rb_syserr_fail_str(-fired, rb_sprintf("evt: waiting on the %s backend", loop->backend->name));
+    if (fired < 0) rb_syserr_fail_str(-fired, rb_sprintf("evt: waiting on the %s backend", loop->kernel.backend->name));
     for (int i = 0; i < fired; i++) {
-        struct evt_fired event = loop->fired[i];
+        struct evt_fired event = loop->kernel.fired[i];
         evt_waiter_fired(loop, event.fd, event.generation, event.events);
     }
-    if (loop->backend->complete) loop->backend->complete(loop);
-    if (fired == loop->fired_capacity && loop->fired_capacity < EVT_FIRED_MAX) {
-        REALLOC_N(loop->fired, struct evt_fired, loop->fired_capacity * 2);
-        loop->fired_capacity *= 2;
+    if (loop->kernel.backend->complete) loop->kernel.backend->complete(loop);
+    if (fired == loop->kernel.fired_capacity && loop->kernel.fired_capacity < EVT_FIRED_MAX) {
+        REALLOC_N(loop->kernel.fired, struct evt_fired, loop->kernel.fired_capacity * 2);
+        loop->kernel.fired_capacity *= 2;
     }
 }
 
@@ -464,7 +464,7 @@ collect_before_timers(struct evt_loop *loop, struct evt_run *run)
 {
     for (int looks = 0; looks < 8; looks++) {
         if (!evt_loop_timer_due(loop)) return;
-        int capacity = loop->fired_capacity;
+        int capacity = loop->kernel.fired_capacity;
         if (collect(loop, 0, run) < capacity) return;
     }
 }
@@ -486,15 +486,15 @@ run_turns(VALUE ptr)
         serve_requests(loop, 1);
         if (resume_ready(loop, run->until)) return Qnil;
         if (run->mode == EVT_RUN_DEFAULT && loop->waiting == 0) return Qnil;
-        if (!loop->backend_data) evt_object_open(loop);
+        if (!loop->kernel.data) evt_object_open(loop);
 
         int64_t now = evt_now_ns();
         int64_t timeout = poll_timeout(loop, now), early = 0;
         if (timeout > 0) {
             evt_timers_tighten_slack(&loop->timers, EVT_TIMER_SLACK_NS);
-            early = timeout < loop->wake_late_ns ? timeout : loop->wake_late_ns;
+            early = timeout < loop->kernel.wake_late_ns ? timeout : loop->kernel.wake_late_ns;
         }
-        int capacity = loop->fired_capacity;
+        int capacity = loop->kernel.fired_capacity;
         int fired = collect(loop, timeout - early, run);
         if (timeout > 0 && !loop->ready_count) wait_out_timer(loop, now, timeout, early);
         if (fired == capacity) collect_before_timers(loop, run);
@@ -539,11 +539,11 @@ run_once(struct evt_loop *loop, struct evt_run *run)
     serve_requests(loop, 1);
     size_t queued = loop->ready_count;
     resume_ready(loop, NULL);
-    if (!loop->backend_data) evt_object_open(loop);
+    if (!loop->kernel.data) evt_object_open(loop);
     collect(loop, 0, run);
     int woke = resume_dispatched(loop);
     fire_timers(loop, evt_now_ns());
-    if (queued || woke || loop->ready_count || loop->has_requests || timeout == 0) return woke;
+    if (queued || woke || loop->ready_count || loop->requests.pending || timeout == 0) return woke;
 
     int64_t until_timer = until_first_timer(loop, evt_now_ns());
     if (until_timer >= 0 && (timeout < 0 || until_timer < timeout)) timeout = until_timer;
@@ -560,7 +560,7 @@ static void
 run_alone(struct evt_loop *loop, struct evt_run *run)
 {
     while (run->until->state == EVT_WAITING) {
-        if (!loop->backend_data) evt_object_open(loop);
+        if (!loop->kernel.data) evt_object_open(loop);
         collect(loop, until_first_timer(loop, evt_now_ns()), run);
         fire_timers(loop, evt_now_ns());
     }
@@ -618,7 +618,7 @@ static void
 start_select(struct evt_loop *loop, struct evt_wait *wait)
 {
     struct evt_waiter *w = &wait->waiter;
-    struct evt_selection *selection = wait->selection;
+    struct evt_selection *selection = wait->as.selection;
     for (long i = 0; i < selection->count && w->state == EVT_WAITING; i++) {
         struct evt_waiter *secondary = &selection->waiters[i];
         evt_waiter_init(secondary, w->fiber);
@@ -634,12 +634,12 @@ static void
 start_op(struct evt_loop *loop, struct evt_wait *wait)
 {
     struct evt_waiter *w = &wait->waiter;
-    struct evt_op *op = wait->op;
+    struct evt_op *op = wait->as.op.op;
     void *base;
     size_t size;
-    if (!NIL_P(wait->buffer) && !(rb_io_buffer_get_bytes(wait->buffer, &base, &size) & RB_IO_BUFFER_LOCKED)) {
-        rb_io_buffer_lock(wait->buffer); /* no resize or free while the kernel holds it */
-        wait->locked = 1;
+    if (!NIL_P(wait->as.op.buffer) && !(rb_io_buffer_get_bytes(wait->as.op.buffer, &base, &size) & RB_IO_BUFFER_LOCKED)) {
+        rb_io_buffer_lock(wait->as.op.buffer); /* no resize or free while the kernel holds it */
+        wait->as.op.locked = 1;
     }
     op->waiter = w;
     w->op = op;
@@ -658,9 +658,9 @@ start_op(struct evt_loop *loop, struct evt_wait *wait)
     else {
         evt_list_append(&loop->operations, &w->io_link);
     }
-    int err = loop->backend->transfer(loop, op);
+    int err = loop->kernel.backend->transfer(loop, op);
     if (err < 0) evt_waiter_done(loop, op, err);
-    else if (op->pending) loop->kernel_ops++;
+    else if (op->pending) loop->kernel.ops++;
 }
 
 static VALUE
@@ -678,7 +678,7 @@ wait_body(VALUE ptr)
 
     switch (wait->kind) {
     case EVT_WAIT_IO:
-        if (wait->ready_now) evt_waiter_wake(loop, w, EVT_IO_READY, wait->ready_now);
+        if (wait->as.io.ready_now) evt_waiter_wake(loop, w, EVT_IO_READY, wait->as.io.ready_now);
         else evt_waiter_attach(loop, w, w->io);
         break;
     case EVT_WAIT_SELECT:
@@ -699,8 +699,8 @@ wait_body(VALUE ptr)
 
     if (wait->kind == EVT_WAIT_START) {
         if (!loop->driven) loop->current = Qnil; /* until the new fiber says it runs */
-        if (wait->raise) wait->value = rb_funcallv_kw(wait->target, id_raise, wait->argc, wait->argv, wait->kw_splat);
-        else wait->value = rb_fiber_transfer(wait->target, wait->argc, wait->argv);
+        if (wait->as.start.raise) wait->as.start.value = rb_funcallv_kw(wait->as.start.target, id_raise, wait->as.start.argc, wait->as.start.argv, wait->as.start.kw_splat);
+        else wait->as.start.value = rb_fiber_transfer(wait->as.start.target, wait->as.start.argc, wait->as.start.argv);
     }
     else if (w->fiber == loop->loop_fiber) {
         /* The loop fiber waits by running the loop, or (a selector's) alone: a yield is ready at once. */
@@ -721,14 +721,14 @@ wait_ensure(VALUE ptr)
     if (wait->kind == EVT_WAIT_OP) {
         /* Left early (a timeout, Fiber#raise, kill): the kernel must be done with the buffer before
          * this frame and the buffer go. */
-        if (wait->op->pending) loop->backend->cancel(loop, wait->op);
-        if (wait->locked) rb_io_buffer_unlock(wait->buffer);
-        if (wait->op->orphan) evt_close_orphan_release(wait->op->orphan);
+        if (wait->as.op.op->pending) loop->kernel.backend->cancel(loop, wait->as.op.op);
+        if (wait->as.op.locked) rb_io_buffer_unlock(wait->as.op.buffer);
+        if (wait->as.op.op->orphan) evt_close_orphan_release(wait->as.op.op->orphan);
     }
     if (RB_UNLIKELY(wait->epoch != loop->epoch)) return Qnil; /* forgotten: a selector closed under it */
     if (wait->kind == EVT_WAIT_SELECT) {
-        for (long i = 0; i < wait->selection->count; i++) {
-            struct evt_waiter *secondary = &wait->selection->waiters[i];
+        for (long i = 0; i < wait->as.selection->count; i++) {
+            struct evt_waiter *secondary = &wait->as.selection->waiters[i];
             if (secondary->owner && evt_list_linked(&secondary->io_link)) {
                 evt_list_remove(&secondary->io_link);
                 evt_registration_leave(loop, secondary);

@@ -63,7 +63,7 @@ static VALUE
 visit_body(VALUE ptr)
 {
     struct visit *v = (struct visit *)ptr;
-    if (!v->loop->swept) v->visit(v->loop, v->arg);
+    if (!v->loop->listing.swept) v->visit(v->loop, v->arg);
     return Qnil;
 }
 
@@ -72,7 +72,7 @@ visit_end(VALUE ptr)
 {
     struct evt_loop *loop = ((struct visit *)ptr)->loop;
     loops_enter();
-    int release = --loop->pins == 0 && loop->swept;
+    int release = --loop->listing.pins == 0 && loop->listing.swept;
     loops_leave();
     if (release) loop_release(loop);
     return Qnil;
@@ -89,11 +89,11 @@ evt_object_each_in_ractor(int (*wanted)(struct evt_loop *, void *), void (*visit
         loops_enter();
         if (!round) round = ++visits;
         for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
-            struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
-            if (loop->ractor != ractor || loop->visited == round) continue;
-            loop->visited = round;
+            struct evt_loop *loop = evt_container_of(node, struct evt_loop, listing.link);
+            if (loop->listing.ractor != ractor || loop->listing.visited == round) continue;
+            loop->listing.visited = round;
             if (!wanted(loop, arg)) continue;
-            loop->pins++;
+            loop->listing.pins++;
             v.loop = loop;
             break;
         }
@@ -146,11 +146,11 @@ loop_mark(void *ptr)
     rb_gc_mark_movable(loop->loop_fiber);
     rb_gc_mark_movable(loop->current);
     rb_gc_mark_movable(loop->thread);
-    rb_gc_mark_movable(loop->requests);
+    rb_gc_mark_movable(loop->requests.list);
     rb_gc_mark(loop->early_unblock);
-    rb_gc_mark(loop->launcher);
-    rb_gc_mark(loop->launch_caller);
-    rb_gc_mark(loop->launch_error);
+    rb_gc_mark(loop->launch.fiber);
+    rb_gc_mark(loop->launch.caller);
+    rb_gc_mark(loop->launch.error);
     EACH_WAITER(&loop->ready, ready_link, w) rb_gc_mark(w->fiber);
     EACH_WAITER(&loop->dispatched, ready_link, w) rb_gc_mark(w->fiber);
     EACH_WAITER(&loop->operations, io_link, w) rb_gc_mark(w->fiber);
@@ -190,7 +190,7 @@ loop_compact(void *ptr)
     loop->loop_fiber = rb_gc_location(loop->loop_fiber);
     loop->current = rb_gc_location(loop->current);
     loop->thread = rb_gc_location(loop->thread);
-    loop->requests = rb_gc_location(loop->requests);
+    loop->requests.list = rb_gc_location(loop->requests.list);
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
         if (!reg) continue;
@@ -218,16 +218,16 @@ pending_op(struct evt_loop *loop)
 void
 evt_object_close_backend(struct evt_loop *loop)
 {
-    if (!loop->backend_data) return;
+    if (!loop->kernel.data) return;
     /* Closing a ring does not wait for what is in it: every transfer still there is cancelled and
      * reaped first (its fiber wakes), so nothing is written into its memory afterwards. Not in a
      * forked child, where they are the parent's, in the parent's memory. */
     struct evt_op *op;
-    while (loop->kernel_ops && loop->forks == evt_object_forks && (op = pending_op(loop))) loop->backend->cancel(loop, op);
-    loop->backend->close(loop);
-    loop->backend_data = NULL;
+    while (loop->kernel.ops && loop->forks == evt_object_forks && (op = pending_op(loop))) loop->kernel.backend->cancel(loop, op);
+    loop->kernel.backend->close(loop);
+    loop->kernel.data = NULL;
     evt_timers_restore_slack(&loop->timers);
-    evt_wakeup_close(&loop->wakeup);
+    evt_wakeup_close(&loop->kernel.wakeup);
     /* Whatever the kernel knew is gone with its objects. */
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
@@ -243,9 +243,9 @@ loop_free(void *ptr)
 {
     struct evt_loop *loop = ptr;
     loops_enter();
-    evt_list_remove(&loop->link);
-    int visited = loop->pins > 0;
-    if (visited) loop->swept = 1;
+    evt_list_remove(&loop->listing.link);
+    int visited = loop->listing.pins > 0;
+    if (visited) loop->listing.swept = 1;
     loops_leave();
     if (!visited) loop_release(loop);
 }
@@ -261,7 +261,7 @@ loop_release(struct evt_loop *loop)
     ruby_xfree(loop->registrations);
     evt_timers_free(&loop->timers);
     if (loop->unblockable) st_free_table(loop->unblockable);
-    ruby_xfree(loop->fired);
+    ruby_xfree(loop->kernel.fired);
     ruby_xfree(loop);
 }
 
@@ -270,7 +270,7 @@ loop_memsize(const void *ptr)
 {
     const struct evt_loop *loop = ptr;
     size_t size = sizeof(*loop) + loop->timers.capacity * sizeof(struct evt_timer *);
-    size += (size_t)loop->fired_capacity * sizeof(struct evt_fired);
+    size += (size_t)loop->kernel.fired_capacity * sizeof(struct evt_fired);
     size += loop->registrations_size * sizeof(struct evt_registration *);
     for (int fd = 0; fd < loop->registrations_size; fd++)
         if (loop->registrations[fd]) size += sizeof(struct evt_registration);
@@ -287,8 +287,8 @@ loop_registry_mark(void *unused)
 {
     loops_enter();
     for (struct evt_list *node = evt_loops.next; node != &evt_loops; node = node->next) {
-        struct evt_loop *loop = evt_container_of(node, struct evt_loop, link);
-        if (loop->kernel_ops) rb_gc_mark(loop->self);
+        struct evt_loop *loop = evt_container_of(node, struct evt_loop, listing.link);
+        if (loop->kernel.ops) rb_gc_mark(loop->self);
     }
     loops_leave();
 }
@@ -321,12 +321,12 @@ evt_object_alloc(VALUE klass)
     loop->loop_fiber = Qnil;
     loop->current = Qnil;
     loop->thread = Qnil;
-    loop->requests = Qnil;
+    loop->requests.list = Qnil;
     loop->early_unblock = Qnil;
-    loop->launcher = loop->launch_caller = loop->launch_error = Qnil;
-    loop->ractor = evt_object_ractor_serial();
+    loop->launch.fiber = loop->launch.caller = loop->launch.error = Qnil;
+    loop->listing.ractor = evt_object_ractor_serial();
     loops_enter();
-    evt_list_append(&evt_loops, &loop->link);
+    evt_list_append(&evt_loops, &loop->listing.link);
     loops_leave();
     evt_list_init(&loop->ready);
     evt_list_init(&loop->dispatched);
@@ -335,9 +335,9 @@ evt_object_alloc(VALUE klass)
     evt_list_init(&loop->operations);
     evt_timers_init(&loop->timers);
     loop->unblockable = st_init_numtable();
-    loop->wakeup.read_fd = loop->wakeup.write_fd = -1;
-    loop->fired_capacity = EVT_FIRED_INITIAL;
-    loop->fired = ALLOC_N(struct evt_fired, loop->fired_capacity);
+    loop->kernel.wakeup.read_fd = loop->kernel.wakeup.write_fd = -1;
+    loop->kernel.fired_capacity = EVT_FIRED_INITIAL;
+    loop->kernel.fired = ALLOC_N(struct evt_fired, loop->kernel.fired_capacity);
     loop->forks = evt_object_forks;
     return self;
 }
@@ -345,9 +345,9 @@ evt_object_alloc(VALUE klass)
 void
 evt_object_open(struct evt_loop *loop)
 {
-    int err = evt_wakeup_open(&loop->wakeup);
-    if (err == 0 && (err = loop->backend->open(loop)) < 0) evt_wakeup_close(&loop->wakeup);
-    if (err < 0) rb_syserr_fail_str(-err, rb_sprintf("evt: opening the %s backend", loop->backend->name));
+    int err = evt_wakeup_open(&loop->kernel.wakeup);
+    if (err == 0 && (err = loop->kernel.backend->open(loop)) < 0) evt_wakeup_close(&loop->kernel.wakeup);
+    if (err < 0) rb_syserr_fail_str(-err, rb_sprintf("evt: opening the %s backend", loop->kernel.backend->name));
     loop->forks = evt_object_forks;
     /* After a close with fibers still waiting, the new kernel objects must watch for them too. */
     for (int fd = 0; fd < loop->registrations_size; fd++) {
@@ -393,13 +393,13 @@ static void
 loop_after_fork(struct evt_loop *loop)
 {
     evt_object_close_backend(loop);
-    loop->kernel_ops = 0; /* the parent's, in the parent's ring */
+    loop->kernel.ops = 0; /* the parent's, in the parent's ring */
     evt_object_forget(loop);
-    loop->requests = Qnil; /* the other threads are not in the child */
-    loop->has_requests = 0;
-    loop->launcher = Qnil; /* perhaps another thread's, which the child has not */
-    loop->blocked = 0;
-    loop->woken = 0;
+    loop->requests.list = Qnil; /* the other threads are not in the child */
+    loop->requests.pending = 0;
+    loop->launch.fiber = Qnil; /* perhaps another thread's, which the child has not */
+    loop->kernel.blocked = 0;
+    loop->kernel.woken = 0;
     loop->running = 0;
     loop->loop_fiber = loop->current = rb_fiber_current();
     loop->thread = rb_thread_current();
@@ -412,7 +412,7 @@ struct evt_loop *
 evt_object_check(VALUE self)
 {
     struct evt_loop *loop = evt_object_of(self);
-    if (RB_UNLIKELY(!loop->backend)) rb_raise(rb_eRuntimeError, "evt: the scheduler is not initialized");
+    if (RB_UNLIKELY(!loop->kernel.backend)) rb_raise(rb_eRuntimeError, "evt: the scheduler is not initialized");
     if (RB_UNLIKELY(loop->forks != evt_object_forks)) loop_after_fork(loop);
     return loop;
 }
@@ -430,7 +430,7 @@ evt_object_owned(VALUE self)
             rb_raise(rb_eThreadError, "evt: this scheduler belongs to another thread, where fibers wait in it");
         loop->thread = thread;
         loop->loop_fiber = loop->current = rb_fiber_current();
-        loop->launcher = Qnil; /* a fiber belongs to its thread */
+        loop->launch.fiber = Qnil; /* a fiber belongs to its thread */
         evt_object_close_backend(loop); /* reopened by the new thread: a ring may take one submitter only */
     }
     return loop;
@@ -441,7 +441,7 @@ struct evt_loop *
 evt_object_get(VALUE self)
 {
     struct evt_loop *loop = evt_object_owned(self);
-    if (RB_UNLIKELY(!loop->backend_data)) evt_object_open(loop);
+    if (RB_UNLIKELY(!loop->kernel.data)) evt_object_open(loop);
     return loop;
 }
 

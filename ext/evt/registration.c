@@ -64,7 +64,7 @@ registration_count(struct evt_registration *reg, int events, int delta)
 int
 evt_registration_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
-    int err = loop->backend->arm(loop, fd, reg);
+    int err = loop->kernel.backend->arm(loop, fd, reg);
     reg->armed = err == 0;
     return err;
 }
@@ -91,6 +91,6 @@ evt_registration_leave(struct evt_loop *loop, struct evt_waiter *w)
     if (events == reg->events) return;
     reg->events = events;
     if (events) evt_registration_arm(loop, w->fd, reg); /* fewer events than before: cannot fail usefully */
-    else loop->backend->disarm(loop, w->fd, reg);
+    else loop->kernel.backend->disarm(loop, w->fd, reg);
 }
 

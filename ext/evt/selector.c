@@ -165,12 +165,12 @@ start(int argc, VALUE *argv, VALUE self, int raise)
     struct evt_loop *loop = evt_object_get(selector_open(self));
     struct evt_wait wait;
     evt_wait_start(&wait, loop, argv[0]);
-    wait.argc = argc - 1;
-    wait.argv = argv + 1;
-    wait.raise = raise;
-    wait.kw_splat = rb_keyword_given_p() ? RB_PASS_KEYWORDS : RB_NO_KEYWORDS;
+    wait.as.start.argc = argc - 1;
+    wait.as.start.argv = argv + 1;
+    wait.as.start.raise = raise;
+    wait.as.start.kw_splat = rb_keyword_given_p() ? RB_PASS_KEYWORDS : RB_NO_KEYWORDS;
     evt_loop_suspend(&wait);
-    return wait.value;
+    return wait.as.start.value;
 }
 
 /*

@@ -3,6 +3,8 @@
 #include "core.h"
 #include "wait.h"
 
+#include <string.h>
+
 static void
 wait_init(struct evt_wait *wait, struct evt_loop *loop, enum evt_wait_kind kind, int64_t timeout)
 {
@@ -12,17 +14,7 @@ wait_init(struct evt_wait *wait, struct evt_loop *loop, enum evt_wait_kind kind,
     wait->timeout = timeout;
     wait->forks = loop->forks;
     wait->epoch = loop->epoch;
-    wait->target = Qnil;
-    wait->argc = 0;
-    wait->argv = NULL;
-    wait->raise = 0;
-    wait->kw_splat = 0;
-    wait->value = Qnil;
-    wait->ready_now = 0;
-    wait->selection = NULL;
-    wait->op = NULL;
-    wait->buffer = Qnil;
-    wait->locked = 0;
+    memset(&wait->as, 0, sizeof(wait->as));
 }
 
 void
@@ -50,14 +42,15 @@ void
 evt_wait_start(struct evt_wait *wait, struct evt_loop *loop, VALUE fiber)
 {
     wait_init(wait, loop, EVT_WAIT_START, -1);
-    wait->target = fiber;
+    wait->as.start.target = fiber;
+    wait->as.start.value = Qnil;
 }
 
 void
 evt_wait_select(struct evt_wait *wait, struct evt_loop *loop, struct evt_selection *selection, int64_t timeout)
 {
     wait_init(wait, loop, EVT_WAIT_SELECT, timeout);
-    wait->selection = selection;
+    wait->as.selection = selection;
 }
 
 void
@@ -65,6 +58,6 @@ evt_wait_op(struct evt_wait *wait, struct evt_loop *loop, VALUE io, struct evt_o
 {
     wait_init(wait, loop, EVT_WAIT_OP, timeout);
     wait->waiter.io = io;
-    wait->op = op;
-    wait->buffer = buffer;
+    wait->as.op.op = op;
+    wait->as.op.buffer = buffer;
 }

@@ -87,7 +87,7 @@ void
 evt_waiter_done(struct evt_loop *loop, struct evt_op *op, long result)
 {
     op->result = result;
-    if (op->pending) loop->kernel_ops--;
+    if (op->pending) loop->kernel.ops--;
     op->pending = 0;
     evt_waiter_wake(loop, op->waiter, EVT_DONE, 0); /* nothing when its fiber is already on its way out */
 }
