@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require_relative "../test/support/servers"
+require_relative "../../test/support/servers"
 
 module Bench
   # The rails scenario: apps/rails/app.rb (Rails 8, ActiveRecord on a PostgreSQL of its own) under

@@ -1,0 +1,254 @@
+# frozen_string_literal: true
+
+module Bench
+  # Each scenario's note under its table.
+  NOTES = {
+    "timers" => "(peak RSS counts the fibers alive at once: a scheduler that starts them faster has more " \
+                "of them overlapping within the 100 ms; late us: median wall time past the requested sleep of one " \
+                "fiber sleeping 1, 2 and 5 ms in turn, 300 sleeps, alone in its loop; idle CPU %: that process's CPU " \
+                "time over the wall time of those sleeps, which a scheduler that spins for timers spends)",
+    "soak" => "(requests: served, by the server's count; errors: wrk's socket errors and non-2xx, every check the " \
+              "server makes that failed (message content and order, sleeps or timeouts ending early, Timeout not " \
+              "firing, waiters a close did not end with IOError, any other exception, a fiber stalled " \
+              "#{Soak::STALL_LIMIT.to_i} s) and each activity that made no progress in a row; RSS, fds and CPU from /proc " \
+              "at the end of each row, with the HTTP connections ended, the fibers that open and close pipes " \
+              "parked where they hold the same ones (so flat means the same count at every row), and " \
+              "Process.warmup run (full GC, compaction, malloc_trim: RSS is what stays, not garbage or memory " \
+              "malloc keeps free); late ms: the latest a sleeper woke in the row)",
+    "write-pieces" => "(the server answers each request with io.write(head, body), or with io.write(head + body); " \
+                      "Ruby without a scheduler sends either in one system call: a scheduler sending the two strings " \
+                      "as two TCP segments makes the second wait for the client's delayed ACK, ~40 ms)",
+    "http-keepalive" => "(syscalls/req: a separate 1-2 s run under strace -c -f, which slows the server down)",
+    "http-redis" => "(each request's handler does one GET through a redis-client pool (connection_pool) to a real " \
+                    "redis-server, which runs on CPU 1 with wrk; a request waiting for the pool is woken by every " \
+                    "connection returned to it (connection_pool's broadcast), so many more connections than the pool " \
+                    "has cost every subject that; threads: a thread per " \
+                    "connection; the answer is the value read, checked by a GET after the warm-up and after the run; " \
+                    "a handler's error ends its connection and counts as wrk's error; x best peer is CPU us/req, " \
+                    "req/s x peer is req/s over the best peer's by req/s)",
+    "close-waiters" => "(us: IO#close's average time per IO; woken: readers the closes themselves ended with " \
+                       "IOError, of N; HANG: the rest never woke)",
+    "blocking-ops" => "(Ruby 3.4 hands each deflate to blocking_operation_wait: pool-on runs them on a thread per core; " \
+                      "threads: one Ruby thread per deflate, no scheduler, for reference; a full run runs each " \
+                      "subject 3 times, in fresh processes, and shows the median run)",
+    "http-cpu" => "(Evt::Workers: evt-workers-N processes, evt-ractors-N Ractors of one process; not pinned: " \
+                  "they may use every core; wrk pinned to CPU 1; CPU us/req counts every worker; RSS MB: the resident memory of the " \
+                  "server's processes (supervisor and workers) summed, at the run's end)",
+    "falcon" => "(one server process, one Ruby thread, pinned to CPU 0; CPU us/req counts the server's process " \
+                "group; falcon-*: Falcon::Server as a `falcon serve` worker runs it, without the supervisor, on " \
+                "io-event's EPoll or URing selector or on evt's (IO_EVENT_SELECTOR=Evt with RUBYOPT=-revt/async; " \
+                "falcon-evt on evt's default backend, falcon-evt-epoll with EVT_BACKEND=epoll); itsi-*: the itsi " \
+                "command, workers 1, threads 1, fiber_scheduler Async::Scheduler (io-event's default selector) or " \
+                "Evt::Scheduler; x io-event: CPU us/req, and req/s, over the same server's best io-event row; " \
+                "a server that stops answering fails its row; its stderr: tmp/bench/falcon.<subject>.<app>.stderr)",
+  }.freeze
+
+  # The figures: each scenario's metric, the ratios, the tables on stdout, the JSON and the chart.
+  # Mixed into Run.
+  module Report
+    private
+
+  # What each scenario is judged by: lower is better for all of them.
+  def metric(scenario)
+    METRICS.fetch(scenario)
+  end
+
+  def add_ratios(scenario)
+    return add_falcon_ratios if scenario == "falcon"
+    return add_rails_ratios if scenario == "rails"
+
+    key = metric(scenario)
+    rows = @results.select { |r| r[:scenario] == scenario && r[key] }
+    c = rows.find { |r| r[:subject] == "c-epoll" }
+    # A peer that left readers hanging did not do the job, however fast its close.
+    # The core scenarios compare evt one way against evt the other (a peer there is a reference).
+    core = CORE_SUBJECTS.key?(scenario)
+    best_peer = rows.select { |r| PEERS.include?(r[:subject]) && !r[:hang] }.min_by { |r| r[key] } unless core
+    first = rows.first if core
+    rows.each do |row|
+      if first && row != first
+        row[:vs_first] = (row[key] / first[key]).round(2)
+        row[:rps_vs_first] = row[:rps].fdiv(first[:rps]).round(2) if row[:rps]
+      end
+      row[:vs_c] = (row[key] / c[key]).round(2) if c && row != c
+      row[:vs_best_peer] = (row[key] / best_peer[key]).round(2) if best_peer
+      row[:best_peer] = best_peer[:subject] if best_peer
+    end
+    add_rps_ratios(rows) if scenario == "http-redis"
+  end
+
+  # http-redis is judged by req/s too: each row's over the peer that served the most.
+  def add_rps_ratios(rows)
+    fastest = rows.select { |r| PEERS.include?(r[:subject]) }.max_by { |r| r[:rps] } or return
+    rows.each do |row|
+      row[:rps_vs_best_peer] = row[:rps].fdiv(fastest[:rps]).round(2)
+      row[:fastest_peer] = fastest[:subject]
+    end
+  end
+
+  def print_table(scenario)
+    return print_falcon if scenario == "falcon"
+    return print_rails if scenario == "rails"
+    return print_close_waiters if scenario == "close-waiters"
+    return print_soak if scenario == "soak"
+
+    rows = @results.select { |r| r[:scenario] == scenario }
+    columns = if scenario == "http-cpu"
+                [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
+                 [:errors, "errors", "%d"], [:rss_mb, "RSS MB", "%.1f"], [:rps_vs_first, "req/s x 1st", "%.2f"]]
+              elsif scenario == "blocking-ops"
+                [[:seconds, "seconds", "%.3f"], [:cpu_seconds, "CPU s", "%.3f"], [:vs_first, "x 1st", "%.2f"],
+                 [:runs, "runs (s)", "%s"]]
+              elsif scenario == "http-redis"
+                [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
+                 [:errors, "errors", "%d"], [:rps_vs_best_peer, "req/s x peer", "%.2f"]]
+              elsif scenario.start_with?("http-")
+                [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
+                 [:errors, "errors", "%d"], [:syscalls_per_req, "syscalls/req", "%.2f"], [:vs_c, "x C", "%.2f"]]
+              elsif scenario == "write-pieces"
+                [[:split_ms, "write(a,b) ms", "%.3f"], [:joined_ms, "write(a+b) ms", "%.3f"]]
+              elsif scenario == "idle-connections"
+                [[:rss_mb, "RSS MB", "%.1f"]]
+              else
+                [[:seconds, "seconds", "%.3f"], [:cpu_seconds, "CPU s", "%.3f"]] +
+                  (if scenario == "timers"
+                     [[:rss_mb, "peak RSS MB", "%.1f"], [:late_us, "late us", "%.1f"], [:late_p99_us, "late p99 us", "%.1f"],
+                      [:idle_cpu_pct, "idle CPU %", "%.2f"]]
+                   else []
+                   end)
+              end
+    columns << [:vs_best_peer, "x best peer", "%.2f"] unless CORE_SUBJECTS.key?(scenario)
+    puts
+    puts "#{scenario} (#{description(scenario)}; lower #{metric(scenario)} is better)"
+    puts format("%-13s", "subject") + columns.map { |_, title, _| format(" %13s", title) }.join
+    rows.each do |row|
+      line = format("%-13s", row[:subject])
+      line += if row[:skipped] then "  n/a: #{row[:skipped]}"
+              elsif row[:error] then "  FAILED: #{row[:error]}"
+              else columns.map { |key, _, fmt| format(" %13s", cell(row[key], fmt)) }.join
+              end
+      puts line
+    end
+    best = rows.find { |r| r[:best_peer] }
+    puts "best peer: #{best[:best_peer]}" if best
+    fastest = rows.find { |r| r[:fastest_peer] }
+    puts "peer with the most req/s: #{fastest[:fastest_peer]}" if fastest
+    print_repeats(rows, metric(scenario))
+    puts NOTES[scenario] if NOTES[scenario]
+    $stdout.flush
+  end
+
+  # The falcon and rails scenarios: a table per app (+titles+: app => heading), +columns+ as
+  # [key, title, format]; a failed row shows the start of its server's stderr.
+  def print_app_tables(scenario, titles, columns, note)
+    titles.each do |app, heading|
+      rows = @results.select { |r| r[:scenario] == scenario && r[:app] == app }
+      next if rows.empty?
+
+      puts
+      puts heading
+      puts format("%-20s", "subject") + columns.map { |_, name, _| format(" %12s", name) }.join
+      rows.each do |row|
+        line = format("%-20s", row[:subject])
+        line += if row[:skipped] then "  n/a: #{row[:skipped]}"
+                elsif row[:error] then "  FAILED: #{row[:error]}"
+                else columns.map { |key, _, fmt| format(" %12s", cell(row[key], fmt)) }.join
+                end
+        puts line
+        next unless row[:error] && row[:stderr_file]
+
+        row[:stderr].to_a.first(6).each { |l| puts "    stderr: #{l[0, 160]}" }
+        puts "    (its stderr: #{row[:stderr_file]})"
+      end
+      print_repeats(rows, :cpu_us_per_req)
+    end
+    puts note
+    $stdout.flush
+  end
+
+  # With --repeat: that the rows are median runs, and every run's figure.
+  def print_repeats(rows, key)
+    repeated = rows.select { |r| r[:repeat_runs] }
+    return if repeated.empty?
+
+    puts "each row is the median of #{repeated.first[:repeat_runs].size} runs by #{key}; every run's #{key}:"
+    repeated.each { |r| puts format("  %-17s %s", r[:subject], r[:repeat_runs].map { |v| format("%.4g", v) }.join("  ")) }
+  end
+
+  def cell(value, fmt)
+    return "-" if value.nil?
+    return value.map { |each| format("%.2f", each) }.join(" ") if value.is_a?(Array)
+
+    format(fmt, value)
+  end
+
+  def print_close_waiters
+    rows = @results.select { |r| r[:scenario] == "close-waiters" }
+    sizes = @size[:waiters]
+    puts
+    puts "close-waiters (#{description("close-waiters")}; lower close_avg_us is better, woken should be N)"
+    puts format("%-13s", "subject") + sizes.map { |n| format(" %9s %10s", "us@#{n}", "woken@#{n}") }.join + format(" %13s", "us@max/us@min")
+    rows.each do |row|
+      line = format("%-13s", row[:subject])
+      if row[:skipped] then line += "  n/a: #{row[:skipped]}"
+      elsif row[:error] then line += "  FAILED: #{row[:error]}"
+      else
+        sizes.each do |n|
+          point = row[:points].find { |p| p[:n] == n } || {}
+          woken = if point[:error] then "FAILED"
+                  elsif point[:woken] then "#{point[:woken]}#{" HANG" if point[:hang]}"
+                  else "-"
+                  end
+          line += format(" %9s %10s", point[:close_avg_us] ? format("%.2f", point[:close_avg_us]) : "-", woken)
+        end
+        line += format(" %13s", row[:flat] ? format("%.2f", row[:flat]) : "-")
+      end
+      puts line
+    end
+    puts NOTES["close-waiters"]
+    $stdout.flush
+  end
+
+  def description(scenario)
+    case scenario
+    when "http-keepalive" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive; blocking with -c1"
+    when "http-close" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, Connection: close"
+    when "http-redis" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive, a Redis GET per request, pool of #{@redis_pool}"
+    when "pipe-pingpong" then "#{@size[:pairs]} pipe pairs x #{@size[:messages]} x 1 KiB"
+    when "big-reads" then "#{@size[:big_clients]} Net::HTTP clients x #{@size[:big_rounds]} bodies of 512 KiB from a server in the same process"
+    when "write-pieces" then "#{@size[:rounds]} keep-alive requests from a client without a scheduler; mean round trip"
+    when "timers" then "#{@size[:fibers]} fibers sleeping 0-100 ms; then one fiber sleeping 1, 2, 5 ms x 100"
+    when "idle-connections" then "#{@size[:idle]} idle connections, a reader waiting on each"
+    when "close-waiters" then "N = #{@size[:waiters].join(", ")} readers blocked on N pipes, every read end closed"
+    when "blocking-ops" then "#{@size[:deflates]} fibers each deflating #{@size[:deflate_mib]} MiB with Zlib"
+    when "http-cpu" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive, 0.5 ms of Ruby per request"
+    when "falcon" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s --timeout #{FALCON_PROBE}s, keep-alive"
+    when "rails" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s --timeout #{RailsScenario::TIMEOUT}s, keep-alive"
+    when "soak"
+      "#{@size[:soak]} s of mixed load on one server per C backend, one backend at a time: " \
+        "#{SOAK_LOAD.map { |c, headers| "wrk -t1 -c#{c} #{headers.empty? ? "keep-alive" : "Connection: close"}" }.join(" and ")} " \
+        "at once; #{Soak::PINGPONG_PAIRS} pipe pairs ping-ponging checked messages; #{Soak::SLEEPERS} fibers sleeping " \
+        "0-10 ms; #{Soak::TIMEOUT_FIBERS} fibers in Timeout.timeout(2-10 ms) around sleeps, Queue#pop and pipe reads; " \
+        "#{Soak::PRODUCERS} threads feeding #{Soak::PRODUCERS * Soak::QUEUES_PER_PRODUCER} queues that fibers pop; " \
+        "pipes fibers read or write closed by a fiber (#{Soak::FIBER_CLOSE_SLOTS} at a time) or a thread " \
+        "(#{Soak::THREAD_CLOSE_SLOTS})"
+    end
+  end
+
+  # The JSON holds every scenario; the chart every one but soak, whose rows over time are no bar.
+  # A run with nothing to chart leaves the chart file as it was. Returns the files written.
+  def write_outputs
+    document = {ruby: RUBY_VERSION, yjit: @options[:yjit], cores: @cores, date: Time.now.utc.strftime("%Y-%m-%d"),
+                run: @options[:quick] ? "quick" : "full", http_duration_s: @size[:duration],
+                connections: @connections, descriptor_limit: @descriptors.slice(:before, :after), results: @results}
+    document[:soak_duration_s] = @size[:soak] if @options[:only].include?("soak")
+    [@options[:json], @options[:svg]].each { |f| Dir.mkdir(File.dirname(f)) unless Dir.exist?(File.dirname(f)) }
+    File.write(@options[:json], "#{JSON.pretty_generate(document)}\n")
+    charted = @results.reject { |r| r[:scenario] == "soak" }
+    return [@options[:json]] if charted.empty?
+
+    File.write(@options[:svg], Chart.new(document.merge(results: charted)).to_svg)
+    [@options[:json], @options[:svg]]
+  end
+  end
+end

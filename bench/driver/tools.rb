@@ -1,0 +1,97 @@
+# frozen_string_literal: true
+
+module Bench
+  # The tools the scenarios measure with: wrk, strace, a redis-server, and checks that a server still
+  # answers. Mixed into Run.
+  module Tools
+    private
+
+  # wrk's report; wrk itself gets its duration and 30 s more before it is killed and the run fails.
+  def wrk(url, connections, seconds, headers, timeout: 5)
+    command = [*pin(1), "wrk", "-t1", "-c#{connections}", "-d#{seconds}s", "--latency", "--timeout", "#{timeout}s",
+               *headers, url]
+    out, status = Open3.popen2e(*command) do |stdin, output, waiter|
+      stdin.close
+      reader = Thread.new { output.read }
+      unless waiter.join(seconds + 30)
+        Process.kill(:KILL, waiter.pid)
+        waiter.join
+        raise Failure, "wrk did not end within #{seconds + 30} s"
+      end
+      [reader.value, waiter.value]
+    end
+    raise Failure, "wrk failed: #{out.lines.last}" unless status.success?
+
+    requests = out[/(\d+) requests in/, 1].to_i
+    raise Failure, "no request completed" if requests.zero?
+
+    errors = out[/Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)/] ? Regexp.last_match.captures.sum(&:to_i) : 0
+    errors += out[/Non-2xx or 3xx responses: (\d+)/, 1].to_i
+    p99 = out[/^\s+99%\s+([\d.]+)(us|ms|s)\b/] && Regexp.last_match(1).to_f * {"us" => 0.001, "ms" => 1, "s" => 1000}.fetch(Regexp.last_match(2))
+    {requests: requests, rps: out[%r{Requests/sec:\s+([\d.]+)}, 1].to_f, p99_ms: p99&.round(2), errors: errors}
+  end
+
+  # Calls per request, from strace -c attached to every thread of the warm server for a short
+  # separate load: it slows the server down, so no other figure comes from this run.
+  def syscalls_per_request(pid, url, connections, headers)
+    tasks = Dir.children("/proc/#{pid}/task").flat_map { |tid| ["-p", tid] }
+    log = File.join(ROOT, "tmp/bench/strace.#{pid}")
+    strace = Process.spawn("strace", "-c", "-f", "-qq", "-o", log, *tasks, err: File::NULL)
+    sleep 0.3 # attached
+    report = wrk(url, connections, @size[:strace], headers)
+    Process.kill(:INT, strace)
+    Process.wait(strace)
+    total = File.readlines(log).grep(/\btotal$/).first
+    File.delete(log)
+    total ? (total.split[3].to_f / report[:requests]).round(2) : nil
+  rescue Failure, SystemCallError
+    nil
+  end
+
+  # redis-server on a free loopback port, pinned with the load (CPU 1), no persistence, in a
+  # temporary directory; REDIS_KEY set to REDIS_VALUE. stop() ends it.
+  def start_redis
+    port = TCPServer.open("127.0.0.1", 0) { |probe| probe.local_address.ip_port }
+    dir = Dir.mktmpdir("evt-bench-redis-")
+    pid = Process.spawn(*pin(1), "redis-server", "--port", port.to_s, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                        "--dir", dir, "--loglevel", "warning", "--maxclients", [@redis_pool + 64, 10_000].max.to_s,
+                        in: File::NULL, out: File::NULL, err: File::NULL, pgroup: true)
+    redis = {pid: pid, port: port, dir: dir}
+    Timeout.timeout(10) do
+      TCPSocket.open("127.0.0.1", port) do |socket|
+        socket.write("*3\r\n$3\r\nSET\r\n$#{REDIS_KEY.bytesize}\r\n#{REDIS_KEY}\r\n$#{REDIS_VALUE.bytesize}\r\n#{REDIS_VALUE}\r\n")
+        reply = socket.gets
+        raise Failure, "redis-server answered SET with #{reply.inspect}" unless reply == "+OK\r\n"
+      end
+    rescue Errno::ECONNREFUSED
+      raise Failure, "redis-server exited" if Process.waitpid(pid, Process::WNOHANG)
+
+      sleep 0.05
+      retry
+    end
+    redis
+  rescue Timeout::Error
+    stop(redis)
+    raise Failure, "redis-server did not start on port #{port}"
+  rescue Errno::ENOENT
+    raise Failure, "redis-server is not installed (bin/setup installs it)"
+  end
+
+  # A GET of +path+ must get the app's answer (+expected+) within +wait+ seconds.
+  def answers!(port, context, expected = "hello", wait: FALCON_PROBE, path: "/")
+    response = Net::HTTP.start("127.0.0.1", port, open_timeout: wait, read_timeout: wait) { |http| http.get(path) }
+    return if response.code == "200" && response.body == expected
+
+    raise Failure, "a GET #{path} #{context} was answered #{response.code} #{response.body.to_s[0, 40].inspect}"
+  rescue Net::OpenTimeout, Net::ReadTimeout
+    raise Failure, "the server stopped answering: a GET #{context} had no answer in #{wait} s"
+  rescue IOError, SystemCallError => e
+    raise Failure, "a GET #{context} failed: #{e.class}: #{e.message}"
+  end
+
+  # "EPoll" for io-event's selector, "Evt io_uring" for evt's, the scheduler's class for Itsi.
+  def short_loop(runs_on)
+    runs_on.sub(/\A#<IO::Event::Selector::(\w+).*\z/, '\\1').sub(/\A#<Evt::Selector (\w+).*\z/, 'Evt \\1')
+  end
+  end
+end

@@ -1,0 +1,65 @@
+# frozen_string_literal: true
+
+module Bench
+  # close-waiters: seconds one point may take (a few at most; a scheduler can hang in close itself).
+  CLOSE_WAITERS_LIMIT = 60
+
+  # The scenarios that run a script per subject and read its figures: pipe-pingpong, big-reads,
+  # write-pieces (Run#script), timers, idle-connections, close-waiters, blocking-ops.
+  module ProcessScenarios
+    private
+
+  # blocking-ops: the run with the median time of @size[:repeats], each in a fresh process, and
+  # every run's seconds (one run on this shared machine moves by 10% either way).
+  def blocking_ops(subject)
+    runs = Array.new(@size[:repeats]) do
+      script("blocking_ops.rb", subject, @size[:deflates], @size[:deflate_mib], pinned: false)
+    end
+    runs.sort_by { |run| run[:seconds] }[runs.size / 2].merge(runs: runs.map { |run| run[:seconds] })
+  end
+
+  def timers(subject)
+    fibers = @size[:fibers]
+    ensure_map_count(fibers)
+    script("timers.rb", subject, fibers).merge(fibers: fibers)
+  end
+
+  def idle(subject)
+    count = @size[:idle]
+    log = File.join(ROOT, "tmp/bench/idle.#{subject}.stderr")
+    FileUtils.mkdir_p(File.dirname(log))
+    server = start_server([*ruby_for(subject), "bench/idle_server.rb", subject, count.to_s], err: log)
+    client = IO.popen([*ruby, "bench/idle_client.rb", server[:port].to_s, count.to_s], "r+", chdir: ROOT, err: File::NULL)
+    begin
+      line = Timeout.timeout(120) { server[:stdout].gets }
+      unless line&.start_with?("{")
+        first = stderr_lines(log).find { |l| l =~ /Error|error|abort|\[BUG\]/ }
+        raise Failure, "the server did not report#{" (stderr: #{first.strip[0, 160]})" if first}"
+      end
+
+      JSON.parse(line, symbolize_names: true)
+    ensure
+      client.close_write
+      client.close
+      stop(server)
+    end
+  end
+
+  # N readers blocked on N pipes, every read end closed from another fiber (thread): a process per
+  # N. The script stops waiting for readers after a second and says so; a scheduler whose close
+  # wakes nobody is reported as a hang, not waited for.
+  def close_waiters(subject)
+    points = @size[:waiters].map do |n|
+      script("close_waiters.rb", subject, n, limit: CLOSE_WAITERS_LIMIT)
+    rescue Failure, Timeout::Error => e
+      {n: n, error: e.message.lines.first.strip}
+    end
+    measured = points.select { |p| p[:close_avg_us] }
+    raise Failure, points.first[:error] if measured.empty?
+
+    last = measured.last
+    {points: points, n: last[:n], close_avg_us: last[:close_avg_us], woken: last[:woken], hang: points.any? { |p| p[:hang] },
+     flat: measured.size > 1 ? (last[:close_avg_us] / measured.first[:close_avg_us]).round(2) : nil}
+  end
+  end
+end

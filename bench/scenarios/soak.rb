@@ -1,0 +1,229 @@
+# frozen_string_literal: true
+
+module Bench
+  # soak's HTTP load: two wrk at once, [connections, headers].
+  SOAK_LOAD = [[50, []], [20, ["-H", "Connection: close"]]].freeze
+  # soak's targets: RSS at the last row within this many % of the first row's.
+  SOAK_RSS_PERCENT = 5.0
+  # soak: seconds bin/bench waits for the server's answer to a sample (it may itself wait up to
+  # Soak::SETTLE_LIMIT for its fibers to park) before it calls the server hung.
+  SOAK_ANSWER = 60
+  # soak: the server's counters that must grow in every row (an activity that stops is an error).
+  SOAK_ACTIVITIES = {requests: "HTTP", pipes: "pipes", sleeps: "sleeps", timeouts: "timeouts", queued: "queues",
+                     closes: "closes"}.freeze
+  # soak's rows: [key, title, width, format].
+  SOAK_COLUMNS = [[:t_s, "t s", 5, "%d"], [:requests, "requests", 9, "%d"], [:errors, "errors", 7, "%d"],
+                  [:rss_mb, "RSS MB", 7, "%.1f"], [:fds, "fds", 5, "%d"], [:cpu_pct, "CPU %", 6, "%.1f"],
+                  [:pipes, "pipes", 8, "%d"], [:sleeps, "sleeps", 8, "%d"], [:timeouts, "timeouts", 9, "%d"],
+                  [:queued, "queued", 8, "%d"], [:closes, "closes", 7, "%d"], [:late_ms, "late ms", 8, "%.1f"]].freeze
+
+  # soak: mixed load for minutes on each C backend, a row of the server's figures per interval, and a
+  # verdict on them.
+  module SoakScenario
+    private
+
+  # Every backend of the C extension that runs here (the pure-Ruby select loop is not this code).
+  def soak_subjects
+    script = 'require "evt"; puts Evt::Loop.backends.select { |b| Evt::Loop.probe(b).nil? } if Evt.extension?'
+    out, status = Open3.capture2(*ruby, "-e", script)
+    abort "bin/bench: evt does not load" unless status.success?
+    names = out.split.map { |name| "evt-#{name}" }
+    return [["evt", "the C extension is not loaded, and the soak is about its backends"]] if names.empty?
+
+    names &= @options[:subjects] if @options[:subjects]&.intersect?(names)
+    names.map { |name| [name, nil] }
+  end
+
+  # bench/soak.rb under both wrk loads, a row at the end of every interval: the server's counters,
+  # then its RSS, descriptors and CPU time from /proc. A server that dies or stops answering ends
+  # the backend's soak with the reason and the start of its stderr; the rows so far stay.
+  def soak(subject)
+    seconds = @size[:soak]
+    interval = seconds >= 120 ? 60 : 5
+    log = File.join(ROOT, "tmp/bench/soak.#{subject}.stderr")
+    FileUtils.mkdir_p(File.dirname(log))
+    figures = {duration_s: seconds, interval_s: interval, intervals: [], stderr_file: relative(log)}
+    started = clock
+    note "  #{subject}: #{seconds} s, a row every #{interval} s (the server's stderr: #{relative(log)})"
+    note soak_header
+    server = nil
+    begin
+      server = start_server([*ruby, "bench/soak.rb", subject], mode: "r+", err: log)
+      soak_rows(server, seconds, interval, figures)
+    rescue Failure, Timeout::Error, SystemCallError, JSON::ParserError => e
+      figures[:error] = soak_death(server, log) || e.message.lines.first.strip
+      figures[:stderr] = stderr_lines(log).first(20)
+    ensure
+      stop(server)
+    end
+    figures.merge!(soak_verdict(figures))
+    note format("  %s: %.0f s, %s", subject, clock - started, figures[:pass] ? "PASS" : "FAIL")
+    figures
+  end
+
+  def soak_rows(server, seconds, interval, figures)
+    url = "http://127.0.0.1:#{server[:port]}/"
+    # The first row counts from the server's start: an error before this sample is one too.
+    previous = soak_sample(server).merge(counters: {})
+    elapsed = 0
+    while elapsed < seconds
+      slice = [interval, seconds - elapsed].min
+      loads = soak_load(url, slice)
+      current = soak_sample(server)
+      elapsed += slice
+      figures[:intervals] << soak_row(elapsed, previous, current, loads)
+      figures[:samples] = current[:counters][:samples]
+      note soak_line(figures[:intervals].last)
+      previous = current
+    end
+  end
+
+  # Every wrk load at once, for +seconds+, all on CPU 1.
+  def soak_load(url, seconds)
+    threads = SOAK_LOAD.map do |connections, headers|
+      Thread.new { wrk(url, connections, seconds, headers) }.tap { |t| t.report_on_exception = false }
+    end
+    outcomes = threads.map do |thread|
+      thread.value
+    rescue StandardError => e
+      e
+    end
+    failed = outcomes.find { |outcome| outcome.is_a?(Exception) }
+    raise failed if failed
+
+    outcomes
+  end
+
+  # The server's counters (it parks its pipe-making fibers and waits for the HTTP connections to
+  # end first), then /proc, then the server goes on.
+  def soak_sample(server)
+    io = server[:stdout]
+    reply = Timeout.timeout(SOAK_ANSWER) do
+      io.puts "sample"
+      io.flush
+      io.gets
+    end
+    raise Failure, "the server closed its output" unless reply
+
+    counters = JSON.parse(reply, symbolize_names: true)
+    raise Failure, "the server's sampler failed: #{counters[:fatal]}" if counters[:fatal]
+
+    pid = server[:pid]
+    sample = {counters: counters, rss_mb: proc_rss_mb(pid), fds: Dir.children("/proc/#{pid}/fd").size,
+              cpu: cpu_seconds(pid), at: clock}
+    io.puts "resume"
+    io.flush
+    sample
+  rescue Timeout::Error
+    raise Failure, "the server did not answer a sample in #{SOAK_ANSWER} s (its loop hung?)"
+  end
+
+  def soak_row(at, before, after, loads)
+    count = ->(key) { after[:counters][key].to_i - before[:counters][key].to_i }
+    progress = {requests: count.call(:requests), pipes: count.call(:pipes), sleeps: count.call(:sleeps),
+                timeouts: count.call(:timeouts_done) + count.call(:timeouts_fired), queued: count.call(:queued),
+                closes: count.call(:closes)}
+    stalled = SOAK_ACTIVITIES.filter_map { |key, name| name unless progress[key].positive? }
+    wrk_errors = loads.sum { |load| load[:errors] }
+    server_errors = count.call(:errors)
+    {t_s: at, **progress, errors: wrk_errors + server_errors + stalled.size, wrk_errors: wrk_errors,
+     server_errors: server_errors, stalled: stalled, wrk_requests: loads.sum { |load| load[:requests] },
+     timeouts_fired: count.call(:timeouts_fired), woken: count.call(:woken), late_ms: after[:counters][:late_ms],
+     p99_ms: loads.map { |load| load[:p99_ms] }, rss_mb: after[:rss_mb].round(1), fds: after[:fds],
+     cpu_pct: ((after[:cpu] - before[:cpu]) * 100 / (after[:at] - before[:at])).round(1)}
+  end
+
+  def soak_header
+    SOAK_COLUMNS.map { |_, title, width, _| title.rjust(width) }.join(" ")
+  end
+
+  def soak_line(row)
+    SOAK_COLUMNS.map { |key, _, width, fmt| format(fmt, row[key]).rjust(width) }.join(" ")
+  end
+
+  # Why the server is gone, with the first line of its stderr that says what went wrong; nil
+  # while it runs.
+  def soak_death(server, log)
+    return nil unless server
+
+    status = nil
+    20.times do # it may still be writing its crash report
+      break if (status = Process.waitpid2(server[:pid], Process::WNOHANG)&.last)
+
+      sleep 0.1
+    end
+    return nil unless status
+
+    how = status.signaled? ? "killed by SIG#{Signal.signame(status.termsig)}" : "exited with status #{status.exitstatus}"
+    lines = stderr_lines(log)
+    first = lines.find { |l| l =~ /\[BUG\]|Error|error|abort/ } || lines.first
+    "the server died (#{how})#{": #{first.strip}" if first}"
+  end
+
+  # The targets: no error, RSS at the last row within SOAK_RSS_PERCENT of the first, and the very
+  # same descriptor count at every row (taken at a point where the server holds the same ones).
+  def soak_verdict(figures)
+    rows = figures[:intervals]
+    return {pass: false, verdict: "FAIL: #{figures[:error] || "fewer than two rows"}"} if rows.size < 2
+
+    first, last = rows.values_at(0, -1)
+    errors = rows.sum { |row| row[:errors] }
+    rss_percent = ((last[:rss_mb] / first[:rss_mb] - 1) * 100).round(1)
+    fds = rows.map { |row| row[:fds] }
+    failed = []
+    failed << figures[:error] if figures[:error]
+    failed << "errors" unless errors.zero?
+    failed << "RSS" if rss_percent.abs > SOAK_RSS_PERCENT
+    failed << "descriptors" unless fds.uniq.size == 1
+    text = format("%d errors (target 0); RSS %.1f MB at %d s, %.1f MB at %d s: %+.1f %% (target: within %.0f %%); ",
+                  errors, first[:rss_mb], first[:t_s], last[:rss_mb], last[:t_s], rss_percent, SOAK_RSS_PERCENT)
+    text += fds.uniq.size == 1 ? "descriptors #{fds.first} at every row (flat)" : "descriptors #{fds.join(" ")} (not flat)"
+    {errors: errors, rss_change_percent: rss_percent, fds_first: fds.first, fds_last: fds.last, fds_min: fds.min,
+     fds_max: fds.max, fds_flat: fds.uniq.size == 1, pass: failed.empty?,
+     verdict: failed.empty? ? "PASS: #{text}" : "FAIL (#{failed.join(", ")}): #{text}"}
+  end
+
+  def print_soak
+    rows = @results.select { |r| r[:scenario] == "soak" }
+    puts
+    puts "soak (#{description("soak")})"
+    puts "targets: 0 errors; RSS at the last row within #{SOAK_RSS_PERCENT.to_i} % of the first row's; descriptors flat " \
+         "(the same count at every row)"
+    rows.each do |row|
+      puts
+      next puts "#{row[:subject]}  n/a: #{row[:skipped]}" if row[:skipped]
+
+      puts "#{row[:subject]}: #{row[:duration_s]} s, a row every #{row[:interval_s]} s"
+      puts soak_header
+      row[:intervals].each { |interval| puts soak_line(interval) }
+      soak_problems(row).each { |line| puts "  #{line}" }
+      puts "verdict #{row[:subject]}: #{row[:verdict]}"
+    end
+    measured = rows.reject { |r| r[:skipped] }
+    if measured.size > 1
+      passed, failed = measured.partition { |r| r[:pass] }
+      puts
+      puts "soak: #{[("PASS on #{passed.map { |r| r[:subject] }.join(", ")}" if passed.any?),
+                     ("FAIL on #{failed.map { |r| r[:subject] }.join(", ")}" if failed.any?)].compact.join("; ")}"
+    end
+    puts NOTES["soak"]
+    $stdout.flush
+  end
+
+  # What the errors were: the server's samples (the first kinds, with their counts), wrk's, the
+  # activities that stalled, and a failure with the start of the server's stderr.
+  def soak_problems(row)
+    lines = (row[:samples] || {}).map { |text, count| "error x#{count}: #{text}" }
+    row[:intervals].each do |interval|
+      lines << "at #{interval[:t_s]} s: #{interval[:wrk_errors]} wrk errors (socket or non-2xx)" if interval[:wrk_errors].positive?
+      lines << "at #{interval[:t_s]} s: no progress in #{interval[:stalled].join(", ")}" if interval[:stalled].any?
+    end
+    if row[:error]
+      lines << "FAILED: #{row[:error]}"
+      lines.concat(row[:stderr].first(8).map { |line| "  stderr: #{line}" }) if row[:stderr]&.any?
+      lines << "  (the whole stderr: #{row[:stderr_file]})"
+    end
+    lines
+  end
+  end
+end
