@@ -62,6 +62,28 @@ class SocketWriteTest < Minitest::Test
     peer&.close
   end
 
+  # Evt::SelectScheduler (the pure-Ruby loop, a sibling of Evt::Scheduler) is evt's too.
+  def test_write_of_two_strings_is_one_segment_on_the_pure_ruby_loop
+    writer, peer = tcp_pair
+    segments = nil
+    scheduler = Evt::SelectScheduler.new
+    Timeout.timeout(30) do
+      Fiber.set_scheduler(scheduler)
+      Fiber.schedule do
+        before = data_segments_sent(writer)
+        writer.write("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", "hello")
+        peer.read(43)
+        segments = data_segments_sent(writer) - before
+      end
+    ensure
+      Fiber.set_scheduler(nil)
+    end
+    assert_equal 1, segments, "write(head, body) under Evt::SelectScheduler left as #{segments} segments"
+  ensure
+    writer&.close
+    peer&.close
+  end
+
   def test_puts_is_one_segment
     writer, peer = tcp_pair
     segments = nil

@@ -3,8 +3,6 @@
  * one-line helpers only: each C file declares what it gives in a header of its own (the order of
  * the layers is in the README's Layout, and bin/test checks it).
  *
-The core: waiters, the ready queue, fiber switching, the run loop, the GVL-free wait, wakeup.
- *
  * Every fiber suspended in evt is described by one evt_waiter living on that fiber's own stack
  * (nothing is allocated per operation). A waiter is in the ready queue, or waits on a descriptor's
  * registration, a timer, an unblock, or several of these at once; waking it takes it out of all of

@@ -3,7 +3,7 @@
  * A fiber suspended in evt is described by one evt_wait on its own stack (nothing is allocated per
  * operation), made by a constructor (evt_wait_io, evt_wait_block...) and run by evt_loop_suspend. Its
  * waiter is in the ready queue, or waits on a descriptor's registration, a timer, an unblock, or
- * several of these at once; waking it takes it out of all of them (waiters.c). The loop runs on the
+ * several of these at once; waking it takes it out of all of them (waiter.c). The loop runs on the
  * loop fiber (the blocking fiber that drives the scheduler) and switches with rb_fiber_transfer only.
  *
  * One turn of the run loop, each phase one call, in this order (libuv's, for the parts it shares):
@@ -17,6 +17,10 @@
  *   dispatch         fired events and completions wake their waiters
  *   check_interrupts signals, Thread#raise and Thread#kill, once the events are safely dispatched
  *   fire_timers      due timers: their waiters time out, a timeout_after raises
+ *
+ * The four from wait_in_kernel to check_interrupts are collect(), the one step every mode of
+ * evt_loop_run shares (a selector's select leaves the interrupts to async). That is a turn of
+ * EVT_RUN_DEFAULT and EVT_RUN_UNTIL; EVT_RUN_ONCE and EVT_RUN_ALONE are shorter (see each).
  *
  * A turn that waits for a timer asks the kernel to end the wait a little early, by how late such
  * waits end on average here, and spins the rest (at most EVT_SPIN_MAX_NS): see wait_out_timer.
@@ -34,8 +38,6 @@
 
 #include <ruby/io/buffer.h>
 #include <ruby/thread.h>
-#ifdef __linux__
-#endif
 
 static VALUE eFiberError;
 static ID id_alive_p, id_transfer, id_raise, id_handle_interrupt;

@@ -235,9 +235,11 @@ selector_select(VALUE self, VALUE duration)
     if (!NIL_P(duration) && !rb_obj_is_kind_of(duration, rb_cNumeric))
         rb_raise(rb_eTypeError, "evt: select duration must be nil or Numeric, not %" PRIsVALUE, rb_obj_class(duration));
     int64_t timeout = evt_io_timeout_ns(duration);
+    struct selector *s = selector_of(self);
+    s->idle_ns = 0; /* a select that raises waited for nothing it reports */
     struct evt_run run = {.mode = EVT_RUN_ONCE, .timeout = timeout};
     evt_loop_run(loop, &run);
-    selector_of(self)->idle_ns = run.idle_ns;
+    s->idle_ns = run.idle_ns;
     return INT2FIX(run.woke);
 }
 

@@ -24,7 +24,6 @@
  * error goes there too, to be met again and raised as Ruby raises it. Anything else is Ruby's
  * IO#write untouched. Nothing here waits, so no other fiber can write in between. */
 #include "core.h"
-#include "object.h"
 #include "socket_write.h"
 
 #include <errno.h>
@@ -40,6 +39,10 @@
 /* Whether Ruby's own write of these strings would be one writev(2) without conversion, and may
  * go now: a synchronous IO with nothing buffered, in binary or no encoding, no decorator, and no
  * other write holding its lock. */
+/* Evt::Scheduling, which both of evt's schedulers (on the C loop and on the pure-Ruby one) include:
+ * defined here, reopened by lib/evt/scheduler.rb. */
+static VALUE mScheduling = Qnil;
+
 static int
 writes_as_is(VALUE io, rb_io_t *fptr)
 {
@@ -64,7 +67,7 @@ socket_write(int argc, VALUE *argv, VALUE self)
 {
     if (argc < 1 || argc > SOCKET_WRITE_MAX) return rb_call_super(argc, argv);
     VALUE scheduler = rb_fiber_scheduler_current();
-    if (NIL_P(scheduler) || !RTEST(rb_obj_is_kind_of(scheduler, evt_object_class))) return rb_call_super(argc, argv);
+    if (NIL_P(scheduler) || !RTEST(rb_obj_is_kind_of(scheduler, mScheduling))) return rb_call_super(argc, argv);
     for (int i = 0; i < argc; i++) {
         /* Anything else would have #to_s called twice should the rest go through Ruby's path. */
         if (!RB_TYPE_P(argv[i], T_STRING)) return rb_call_super(argc, argv);
@@ -111,6 +114,8 @@ socket_write(int argc, VALUE *argv, VALUE self)
 void
 evt_socket_write_init(VALUE mEvt)
 {
+    mScheduling = rb_define_module_under(mEvt, "Scheduling");
+    rb_gc_register_address(&mScheduling);
     VALUE mSocketWrite = rb_define_module_under(mEvt, "SocketWrite");
     rb_define_method(mSocketWrite, "write", socket_write, -1);
 }

@@ -1,6 +1,6 @@
 /* The wakeup descriptor every backend watches: writing to it ends the loop's wait in the kernel,
  * from another thread or a signal handler. An eventfd where there is one, else a self-pipe. The
- * core opens it with the backend's kernel objects and closes it with them (loop.h: loop->kernel.wakeup). */
+ * core opens it with the backend's kernel objects and closes it with them (core.h: loop->kernel.wakeup). */
 #ifndef EVT_WAKEUP_H
 #define EVT_WAKEUP_H
 

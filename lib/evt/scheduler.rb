@@ -92,7 +92,7 @@ module Evt
       end
 
       def initialize(...)
-        HiredisWarning.warn_once if Fiber.current_scheduler.is_a?(Evt::Loop)
+        HiredisWarning.warn_once if Fiber.current_scheduler.is_a?(Evt::Scheduling)
         super
       end
     end

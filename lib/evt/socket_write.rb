@@ -12,7 +12,7 @@ module Evt
   unless Evt.extension?
     module SocketWrite
       def write(*objects)
-        return super unless objects.size > 1 && objects.all?(String) && Fiber.current_scheduler.is_a?(Evt::Loop) &&
+        return super unless objects.size > 1 && objects.all?(String) && Fiber.current_scheduler.is_a?(Evt::Scheduling) &&
                             sync && internal_encoding.nil? && [nil, Encoding::BINARY].include?(external_encoding)
 
         super(objects.each_with_object(String.new(encoding: Encoding::BINARY)) { |string, joined| joined << string.b })
