@@ -216,10 +216,10 @@ loop_waiting(VALUE self)
 }
 
 static int
-collect_key(st_data_t key, st_data_t value, st_data_t set)
+collect_fiber(struct evt_waiter *w, void *set)
 {
-    rb_hash_aset((VALUE)set, (VALUE)key, Qtrue);
-    return ST_CONTINUE;
+    rb_hash_aset((VALUE)set, w->fiber, Qtrue);
+    return 0;
 }
 
 /* The fibers suspended in the loop, for tearing it down. */
@@ -228,16 +228,7 @@ loop_fibers(VALUE self)
 {
     struct evt_loop *loop = evt_object_check(self);
     VALUE set = rb_hash_new();
-    EACH_WAITER(&loop->ready, ready_link, w) rb_hash_aset(set, w->fiber, Qtrue);
-    for (size_t i = 0; i < loop->timers.size; i++)
-        if (loop->timers.heap[i]->kind == EVT_TIMER_WAITER)
-            rb_hash_aset(set, evt_container_of(loop->timers.heap[i], struct evt_waiter, timer)->fiber, Qtrue);
-    for (int fd = 0; fd < loop->registrations_size; fd++) {
-        struct evt_registration *reg = loop->registrations[fd];
-        if (reg) EACH_WAITER(&reg->waiters, io_link, w) rb_hash_aset(set, w->fiber, Qtrue);
-    }
-    EACH_WAITER(&loop->operations, io_link, w) rb_hash_aset(set, w->fiber, Qtrue);
-    st_foreach(loop->unblockable, collect_key, (st_data_t)set);
+    evt_object_each_waiter(loop, collect_fiber, (void *)set);
     rb_hash_delete(set, rb_fiber_current());
     return rb_funcall(set, rb_intern("keys"), 0);
 }

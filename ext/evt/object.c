@@ -128,11 +128,62 @@ evt_atfork_child(void)
     loops_leave();
 }
 
+/* ---- every waiter -------------------------------------------------------------------------------
+ *
+ * The one walk over every waiter the loop holds, wherever it is: the ready queue and this turn's
+ * dispatched list, the transfers the backend does, the timers, the descriptors' registrations and
+ * the unblockable table. A waiter in several of them (a registration and a timer) is visited once
+ * for each: `visit` must not mind. The GC's mark, the list of suspended fibers and the search for
+ * a transfer still in the kernel all walk it. */
+
+struct each_waiter {
+    int (*visit)(struct evt_waiter *, void *);
+    void *arg;
+    int stopped;
+};
+
 static int
-mark_key(st_data_t key, st_data_t value, st_data_t arg)
+visit_unblockable(st_data_t key, st_data_t value, st_data_t ptr)
 {
-    rb_gc_mark((VALUE)key);
+    struct each_waiter *each = (struct each_waiter *)ptr;
+    if (each->visit((struct evt_waiter *)value, each->arg)) {
+        each->stopped = 1;
+        return ST_STOP;
+    }
     return ST_CONTINUE;
+}
+
+int
+evt_object_each_waiter(struct evt_loop *loop, int (*visit)(struct evt_waiter *, void *), void *arg)
+{
+#define VISIT(w)                                                                                   \
+    do {                                                                                           \
+        if (visit((w), arg)) return 1;                                                             \
+    } while (0)
+    EACH_WAITER(&loop->ready, ready_link, w) VISIT(w);
+    EACH_WAITER(&loop->dispatched, ready_link, w) VISIT(w);
+    EACH_WAITER(&loop->operations, io_link, w) VISIT(w);
+    for (size_t i = 0; i < loop->timers.size; i++) {
+        struct evt_timer *timer = loop->timers.heap[i];
+        if (timer->kind == EVT_TIMER_WAITER) VISIT(evt_container_of(timer, struct evt_waiter, timer));
+    }
+    for (int fd = 0; fd < loop->registrations_size; fd++) {
+        struct evt_registration *reg = loop->registrations[fd];
+        if (reg) EACH_WAITER(&reg->waiters, io_link, w) VISIT(w);
+    }
+#undef VISIT
+    if (!loop->unblockable) return 0;
+    struct each_waiter each = {visit, arg, 0};
+    st_foreach(loop->unblockable, visit_unblockable, (st_data_t)&each);
+    return each.stopped;
+}
+
+static int
+mark_waiter(struct evt_waiter *w, void *arg)
+{
+    (void)arg;
+    rb_gc_mark(w->fiber);
+    return 0;
 }
 
 /* Suspended fibers are reachable only through the loop: their waiters live on their own stacks.
@@ -151,19 +202,13 @@ loop_mark(void *ptr)
     rb_gc_mark(loop->launch.fiber);
     rb_gc_mark(loop->launch.caller);
     rb_gc_mark(loop->launch.error);
-    EACH_WAITER(&loop->ready, ready_link, w) rb_gc_mark(w->fiber);
-    EACH_WAITER(&loop->dispatched, ready_link, w) rb_gc_mark(w->fiber);
-    EACH_WAITER(&loop->operations, io_link, w) rb_gc_mark(w->fiber);
+    evt_object_each_waiter(loop, mark_waiter, NULL);
     for (size_t i = 0; i < loop->timers.size; i++) {
         struct evt_timer *timer = loop->timers.heap[i];
-        if (timer->kind == EVT_TIMER_WAITER) {
-            rb_gc_mark(evt_container_of(timer, struct evt_waiter, timer)->fiber);
-        }
-        else {
-            struct evt_timeout *timeout = evt_container_of(timer, struct evt_timeout, timer);
-            rb_gc_mark(timeout->fiber);
-            rb_gc_mark(timeout->exception);
-        }
+        if (timer->kind != EVT_TIMER_TIMEOUT) continue;
+        struct evt_timeout *timeout = evt_container_of(timer, struct evt_timeout, timer);
+        rb_gc_mark(timeout->fiber);
+        rb_gc_mark(timeout->exception);
     }
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
@@ -177,9 +222,7 @@ loop_mark(void *ptr)
             continue;
         }
         rb_gc_mark_movable(reg->io);
-        EACH_WAITER(&reg->waiters, io_link, w) rb_gc_mark(w->fiber);
     }
-    if (loop->unblockable) st_foreach(loop->unblockable, mark_key, 0);
 }
 
 static void
@@ -199,20 +242,21 @@ loop_compact(void *ptr)
     }
 }
 
+static int
+find_pending_op(struct evt_waiter *w, void *found)
+{
+    if (!w->op || !w->op->pending) return 0;
+    *(struct evt_op **)found = w->op;
+    return 1;
+}
+
 /* A transfer still in the kernel, or NULL. */
 static struct evt_op *
 pending_op(struct evt_loop *loop)
 {
-    EACH_WAITER(&loop->operations, io_link, w) {
-        if (w->op && w->op->pending) return w->op;
-    }
-    for (int fd = 0; fd < loop->registrations_size; fd++) {
-        if (!loop->registrations[fd]) continue;
-        EACH_WAITER(&loop->registrations[fd]->waiters, io_link, w) {
-            if (w->op && w->op->pending) return w->op;
-        }
-    }
-    return NULL;
+    struct evt_op *op = NULL;
+    evt_object_each_waiter(loop, find_pending_op, &op);
+    return op;
 }
 
 void

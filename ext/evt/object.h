@@ -23,6 +23,9 @@ struct evt_loop *evt_object_check(VALUE self);
 struct evt_loop *evt_object_owned(VALUE self);
 /* The loop for `self`, used from its own thread, kernel objects open. */
 struct evt_loop *evt_object_get(VALUE self);
+/* Calls visit(waiter, arg) for every waiter the loop holds (once per structure it is in) until a
+ * visit returns non-zero: whether one did. */
+int evt_object_each_waiter(struct evt_loop *loop, int (*visit)(struct evt_waiter *, void *), void *arg);
 void evt_object_open(struct evt_loop *loop);
 void evt_object_close_backend(struct evt_loop *loop);
 /* Lets go of every suspended fiber (after the backend is closed): a forked child, a closed selector. */
