@@ -16,6 +16,19 @@ require "timeout"
 require "tmpdir"
 require_relative "chart"
 require_relative "soak"
+
+module Bench
+  # What each scenario declares in its file (bench/scenarios/), by name: its figure (lower is better:
+  # what --repeat takes the median run by, and the ratios use) and the note under its table.
+  METRICS = {}
+  NOTES = {}
+
+  def self.scenario(name, metric: nil, note: nil)
+    METRICS[name] = metric if metric
+    NOTES[name] = note if note
+  end
+end
+
 require_relative "driver/runner"
 require_relative "driver/tools"
 require_relative "driver/report"
@@ -31,6 +44,7 @@ module Bench
                  close-waiters blocking-ops http-cpu falcon rails].freeze
   # Scenarios that run only when --only names them: soak takes 10 minutes per backend.
   ON_REQUEST = %w[soak].freeze
+  (SCENARIOS - METRICS.keys).then { |none| raise "bench: no metric declared for #{none.join(", ")}" unless none.empty? }
   # Scenarios about evt's use of every core, with subjects of their own (evt configured two ways).
   CORE_SUBJECTS = {"blocking-ops" => ->(_cores) { %w[evt-pool-off evt-pool-on threads] },
                    "http-cpu" => ->(cores) { ["evt-workers-1", "evt-workers-#{cores}", "evt-ractors-1", "evt-ractors-#{cores}"] }}.freeze
@@ -40,12 +54,6 @@ module Bench
   # Descriptors a process needs besides one per connection (its own files, the pool, wrk's threads).
   SPARE_DESCRIPTORS = 1024
   HZ = Etc.sysconf(Etc::SC_CLK_TCK)
-  # Each scenario's figure (lower is better): what --repeat takes the median run by, and the ratios use.
-  METRICS = {"http-keepalive" => :cpu_us_per_req, "http-close" => :cpu_us_per_req, "http-redis" => :cpu_us_per_req,
-             "pipe-pingpong" => :seconds, "big-reads" => :cpu_seconds, "write-pieces" => :split_ms, "timers" => :seconds,
-             "idle-connections" => :rss_mb, "close-waiters" => :close_avg_us, "blocking-ops" => :seconds,
-             "http-cpu" => :cpu_us_per_req, "falcon" => :cpu_us_per_req,
-             "rails" => :cpu_us_per_req}.freeze
   # Sizes: the full run, and --quick (the whole suite in about two minutes, half of it falcon).
   SIZES = {
     full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000,

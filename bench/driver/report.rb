@@ -1,48 +1,6 @@
 # frozen_string_literal: true
 
 module Bench
-  # Each scenario's note under its table.
-  NOTES = {
-    "timers" => "(peak RSS counts the fibers alive at once: a scheduler that starts them faster has more " \
-                "of them overlapping within the 100 ms; late us: median wall time past the requested sleep of one " \
-                "fiber sleeping 1, 2 and 5 ms in turn, 300 sleeps, alone in its loop; idle CPU %: that process's CPU " \
-                "time over the wall time of those sleeps, which a scheduler that spins for timers spends)",
-    "soak" => "(requests: served, by the server's count; errors: wrk's socket errors and non-2xx, every check the " \
-              "server makes that failed (message content and order, sleeps or timeouts ending early, Timeout not " \
-              "firing, waiters a close did not end with IOError, any other exception, a fiber stalled " \
-              "#{Soak::STALL_LIMIT.to_i} s) and each activity that made no progress in a row; RSS, fds and CPU from /proc " \
-              "at the end of each row, with the HTTP connections ended, the fibers that open and close pipes " \
-              "parked where they hold the same ones (so flat means the same count at every row), and " \
-              "Process.warmup run (full GC, compaction, malloc_trim: RSS is what stays, not garbage or memory " \
-              "malloc keeps free); late ms: the latest a sleeper woke in the row)",
-    "write-pieces" => "(the server answers each request with io.write(head, body), or with io.write(head + body); " \
-                      "Ruby without a scheduler sends either in one system call: a scheduler sending the two strings " \
-                      "as two TCP segments makes the second wait for the client's delayed ACK, ~40 ms)",
-    "http-keepalive" => "(syscalls/req: a separate 1-2 s run under strace -c -f, which slows the server down)",
-    "http-redis" => "(each request's handler does one GET through a redis-client pool (connection_pool) to a real " \
-                    "redis-server, which runs on CPU 1 with wrk; a request waiting for the pool is woken by every " \
-                    "connection returned to it (connection_pool's broadcast), so many more connections than the pool " \
-                    "has cost every subject that; threads: a thread per " \
-                    "connection; the answer is the value read, checked by a GET after the warm-up and after the run; " \
-                    "a handler's error ends its connection and counts as wrk's error; x best peer is CPU us/req, " \
-                    "req/s x peer is req/s over the best peer's by req/s)",
-    "close-waiters" => "(us: IO#close's average time per IO; woken: readers the closes themselves ended with " \
-                       "IOError, of N; HANG: the rest never woke)",
-    "blocking-ops" => "(Ruby 3.4 hands each deflate to blocking_operation_wait: pool-on runs them on a thread per core; " \
-                      "threads: one Ruby thread per deflate, no scheduler, for reference; a full run runs each " \
-                      "subject 3 times, in fresh processes, and shows the median run)",
-    "http-cpu" => "(Evt::Workers: evt-workers-N processes, evt-ractors-N Ractors of one process; not pinned: " \
-                  "they may use every core; wrk pinned to CPU 1; CPU us/req counts every worker; RSS MB: the resident memory of the " \
-                  "server's processes (supervisor and workers) summed, at the run's end)",
-    "falcon" => "(one server process, one Ruby thread, pinned to CPU 0; CPU us/req counts the server's process " \
-                "group; falcon-*: Falcon::Server as a `falcon serve` worker runs it, without the supervisor, on " \
-                "io-event's EPoll or URing selector or on evt's (IO_EVENT_SELECTOR=Evt with RUBYOPT=-revt/async; " \
-                "falcon-evt on evt's default backend, falcon-evt-epoll with EVT_BACKEND=epoll); itsi-*: the itsi " \
-                "command, workers 1, threads 1, fiber_scheduler Async::Scheduler (io-event's default selector) or " \
-                "Evt::Scheduler; x io-event: CPU us/req, and req/s, over the same server's best io-event row; " \
-                "a server that stops answering fails its row; its stderr: tmp/bench/falcon.<subject>.<app>.stderr)",
-  }.freeze
-
   # The figures: each scenario's metric, the ratios, the tables on stdout, the JSON and the chart.
   # Mixed into Run.
   module Report

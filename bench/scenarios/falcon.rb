@@ -1,6 +1,16 @@
 # frozen_string_literal: true
 
 module Bench
+  scenario "falcon",
+           metric: :cpu_us_per_req,
+           note: "(one server process, one Ruby thread, pinned to CPU 0; CPU us/req counts the server's process " \
+                 "group; falcon-*: Falcon::Server as a `falcon serve` worker runs it, without the supervisor, on " \
+                 "io-event's EPoll or URing selector or on evt's (IO_EVENT_SELECTOR=Evt with RUBYOPT=-revt/async; " \
+                 "falcon-evt on evt's default backend, falcon-evt-epoll with EVT_BACKEND=epoll); itsi-*: the itsi " \
+                 "command, workers 1, threads 1, fiber_scheduler Async::Scheduler (io-event's default selector) or " \
+                 "Evt::Scheduler; x io-event: CPU us/req, and req/s, over the same server's best io-event row; " \
+                 "a server that stops answering fails its row; its stderr: tmp/bench/falcon.<subject>.<app>.stderr)"
+
   # falcon: Rack servers on a fiber scheduler, with subjects of their own: Falcon on io-event's
   # selectors and on evt's (IO_EVENT_SELECTOR=Evt), and Itsi with async's scheduler and evt's.
   FALCON_SUBJECTS = %w[falcon-epoll falcon-uring falcon-evt falcon-evt-epoll itsi-async itsi-evt].freeze

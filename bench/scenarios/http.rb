@@ -1,6 +1,25 @@
 # frozen_string_literal: true
 
 module Bench
+  scenario "http-keepalive",
+           metric: :cpu_us_per_req,
+           note: "(syscalls/req: a separate 1-2 s run under strace -c -f, which slows the server down)"
+  scenario "http-close", metric: :cpu_us_per_req
+  scenario "http-redis",
+           metric: :cpu_us_per_req,
+           note: "(each request's handler does one GET through a redis-client pool (connection_pool) to a real " \
+                 "redis-server, which runs on CPU 1 with wrk; a request waiting for the pool is woken by every " \
+                 "connection returned to it (connection_pool's broadcast), so many more connections than the pool " \
+                 "has cost every subject that; threads: a thread per " \
+                 "connection; the answer is the value read, checked by a GET after the warm-up and after the run; " \
+                 "a handler's error ends its connection and counts as wrk's error; x best peer is CPU us/req, " \
+                 "req/s x peer is req/s over the best peer's by req/s)"
+  scenario "http-cpu",
+           metric: :cpu_us_per_req,
+           note: "(Evt::Workers: evt-workers-N processes, evt-ractors-N Ractors of one process; not pinned: " \
+                 "they may use every core; wrk pinned to CPU 1; CPU us/req counts every worker; RSS MB: the resident memory of the " \
+                 "server's processes (supervisor and workers) summed, at the run's end)"
+
   # http-redis: the connections in the redis-client pool every server's requests share (unless
   # --redis-pool says otherwise), and the value they read (seeded before each run; every check GET
   # must get it back as the body). A check GET may wait REDIS_PROBE seconds: it queues for the pool

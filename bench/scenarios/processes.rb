@@ -1,6 +1,30 @@
 # frozen_string_literal: true
 
 module Bench
+  scenario "pipe-pingpong", metric: :seconds
+  scenario "big-reads", metric: :cpu_seconds
+  scenario "write-pieces",
+           metric: :split_ms,
+           note: "(the server answers each request with io.write(head, body), or with io.write(head + body); " \
+                 "Ruby without a scheduler sends either in one system call: a scheduler sending the two strings " \
+                 "as two TCP segments makes the second wait for the client's delayed ACK, ~40 ms)"
+  scenario "timers",
+           metric: :seconds,
+           note: "(peak RSS counts the fibers alive at once: a scheduler that starts them faster has more " \
+                 "of them overlapping within the 100 ms; late us: median wall time past the requested sleep of one " \
+                 "fiber sleeping 1, 2 and 5 ms in turn, 300 sleeps, alone in its loop; idle CPU %: that process's CPU " \
+                 "time over the wall time of those sleeps, which a scheduler that spins for timers spends)"
+  scenario "idle-connections", metric: :rss_mb
+  scenario "close-waiters",
+           metric: :close_avg_us,
+           note: "(us: IO#close's average time per IO; woken: readers the closes themselves ended with " \
+                 "IOError, of N; HANG: the rest never woke)"
+  scenario "blocking-ops",
+           metric: :seconds,
+           note: "(Ruby 3.4 hands each deflate to blocking_operation_wait: pool-on runs them on a thread per core; " \
+                 "threads: one Ruby thread per deflate, no scheduler, for reference; a full run runs each " \
+                 "subject 3 times, in fresh processes, and shows the median run)"
+
   # close-waiters: seconds one point may take (a few at most; a scheduler can hang in close itself).
   CLOSE_WAITERS_LIMIT = 60
 

@@ -3,6 +3,8 @@
 require_relative "../../test/support/servers"
 
 module Bench
+  scenario "rails", metric: :cpu_us_per_req
+
   # The rails scenario: apps/rails/app.rb (Rails 8, ActiveRecord on a PostgreSQL of its own) under
   # Puma's threads and under Falcon on io-event's selectors and on evt's, wrk on two endpoints.
   # Mixed into Run; uses its servers, wrk and CPU accounting.

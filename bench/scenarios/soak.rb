@@ -1,6 +1,16 @@
 # frozen_string_literal: true
 
 module Bench
+  scenario "soak",
+           note: "(requests: served, by the server's count; errors: wrk's socket errors and non-2xx, every check the " \
+                 "server makes that failed (message content and order, sleeps or timeouts ending early, Timeout not " \
+                 "firing, waiters a close did not end with IOError, any other exception, a fiber stalled " \
+                 "#{Soak::STALL_LIMIT.to_i} s) and each activity that made no progress in a row; RSS, fds and CPU from /proc " \
+                 "at the end of each row, with the HTTP connections ended, the fibers that open and close pipes " \
+                 "parked where they hold the same ones (so flat means the same count at every row), and " \
+                 "Process.warmup run (full GC, compaction, malloc_trim: RSS is what stays, not garbage or memory " \
+                 "malloc keeps free); late ms: the latest a sleeper woke in the row)"
+
   # soak's HTTP load: two wrk at once, [connections, headers].
   SOAK_LOAD = [[50, []], [20, ["-H", "Connection: close"]]].freeze
   # soak's targets: RSS at the last row within this many % of the first row's.
