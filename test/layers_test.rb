@@ -35,6 +35,15 @@ class LayersTest < Minitest::Test
     assert_equal present, listed, "the files in ext/evt and those the README's Layout lists differ"
   end
 
+  # The README says the pure-Ruby loop's parts are named after their C counterparts.
+  def test_the_pure_ruby_loops_files_are_named_after_c_files
+    parts = Dir[File.join(ROOT, "lib/evt/select_loop/*.rb")].map { |f| File.basename(f, ".rb") }
+    refute_empty parts
+    parts.each do |part|
+      assert position(part), "lib/evt/select_loop/#{part}.rb has no C counterpart in the README's Layout"
+    end
+  end
+
   def test_includes_run_down_only
     layers.each do |stem, kinds, _|
       kinds.each do |kind|
