@@ -77,6 +77,25 @@ class LayersTest < Minitest::Test
     end
   end
 
+  # backend.h: a backend reaches the core only through its reports (evt_waiter_fired,
+  # evt_waiter_done) and the wakeup descriptor; it never looks up the core's registrations or timers.
+  BACKEND_CALLS = %w[evt_waiter_fired evt_waiter_done evt_wakeup_drain].freeze
+
+  def test_backends_reach_the_core_only_through_their_reports
+    backends = layers.map(&:first).grep(/\Abackend_/)
+    refute_empty backends
+    backends.each do |stem|
+      code = File.read(File.join(EXT, "#{stem}.c")).gsub(%r{/\*.*?\*/}m, "")
+      %w[registrations timers evt_registration_ evt_loop_timer].each do |word|
+        refute code.include?(word), "#{stem}.c reads the core's #{word}"
+      end
+      next unless Dir.exist?(OBJECTS)
+
+      used = nm(File.join(OBJECTS, "#{stem}.o"), "-u").grep(/\Aevt_/)
+      assert_empty used - BACKEND_CALLS, "#{stem}.c calls into the core beyond its reports"
+    end
+  end
+
   private
 
   def nm(path, *options)

@@ -10,7 +10,8 @@
  *                  fired into loop->kernel.fired as {descriptor, generation, events} and returns the count;
  *                  the core dispatches them, with the GVL
  *   complete       a completion backend (io_uring) instead reports its completions here, with the
- *                  GVL: evt_waiter_fired() for polls, evt_waiter_done() for its own transfers
+ *                  GVL: evt_waiter_fired() for polls, evt_waiter_done() for its own transfers, from
+ *                  its own state alone (it never looks up the core's registrations or timers)
  *
  * Every backend reads the kernel's readiness through evt_events_from_poll(), so every backend
  * follows one rule for errors and hang-ups (below), and watches loop->kernel.wakeup.read_fd, which any
@@ -90,7 +91,6 @@ struct evt_backend_slot {
     uint32_t generation;  /* set by arm: the registration's generation the kernel watches for; 0: none */
     int interest;         /* events the kernel was last asked for */
     int index;            /* a slot in the backend's own table (poll); -1: none */
-    uint32_t serial;      /* which of its requests for the descriptor is current (io_uring) */
     uint32_t read_generation;  /* read_now: the registration's generation the score below is for; 0: none */
     unsigned char read_score;  /* read_now: how often a read's try at once found data lately */
     unsigned char read_skips;  /* read_now: reads left that go to the backend without that try */
@@ -134,6 +134,9 @@ struct evt_op {
 
 struct evt_backend {
     const char *name;
+    /* Its watch on a descriptor ends with each report (io_uring's one-shot polls): after
+     * evt_waiter_fired the core arms it again while waiters for the descriptor remain. */
+    int oneshot;
     /* NULL when this backend can run on this machine, else why not (said once, then remembered). */
     const char *(*probe)(void);
     /* Creates the kernel objects and sets loop->kernel.data; loop->kernel.wakeup is open already. 0, or
@@ -156,8 +159,10 @@ struct evt_backend {
     int (*wait)(struct evt_loop *loop, int64_t timeout_ns);
 
     /* Optional, for a completion backend: with the GVL, after each wait, reports the completions
-     * the kernel has (evt_waiter_fired, evt_waiter_done). */
-    void (*complete)(struct evt_loop *loop);
+     * the kernel has (evt_waiter_fired, evt_waiter_done). `timer` is the first timer's deadline
+     * (evt_now_ns's clock), -1 if none: once it has passed, completions the kernel still holds
+     * back are worth fetching before the timers fire. */
+    void (*complete)(struct evt_loop *loop, int64_t timer);
     /* Optional: transfers done by the backend. Submits op: 0, or -errno when it cannot (the core
      * then does the transfer itself). */
     int (*transfer)(struct evt_loop *loop, struct evt_op *op);

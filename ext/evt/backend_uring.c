@@ -11,7 +11,6 @@
  * Features are probed at run time, never taken from liburing's headers: the kernel may be older
  * or newer than the library. */
 #include "core.h"
-#include "registration.h"
 #include "waiter.h"
 
 #ifdef HAVE_LIBURING_H
@@ -38,8 +37,18 @@ enum { TAG_OP = 0, TAG_POLL = 1, TAG_WAKEUP = 2, TAG_IGNORE = 3, TAG_MASK = 3 };
 #define COMPLETION_ENTRIES 16384
 #define TASKRUN_ROUNDS 256 /* kernel entries a dispatch makes at most, a timer being due, for completions still in task work */
 
+/* What the ring watches for one descriptor: the backend's own table, indexed by descriptor, so
+ * that a completion is matched to its request without looking into the core's registrations. */
+struct uring_poll {
+    uint32_t serial;     /* which of the descriptor's poll requests is current (30 bits travel) */
+    uint32_t generation; /* the registration's generation that request watches for */
+    int interest;        /* the events it asks for; 0: none in flight */
+};
+
 struct uring_backend {
     struct io_uring ring;
+    struct uring_poll *polls; /* [polls_size], zeroed */
+    int polls_size;
     int wakeup_fd;         /* the core's (loop->kernel.wakeup) */
     uint64_t wakeup_value; /* its read lands here */
     uint64_t cancel_serial; /* of the last cancellation asked (uring_cancel); its answer: */
@@ -190,6 +199,8 @@ uring_open(struct evt_loop *loop)
     backend->wakeup_fd = loop->kernel.wakeup.read_fd;
     backend->cancel_serial = 0;
     backend->cancel_answer = 0;
+    backend->polls = NULL;
+    backend->polls_size = 0;
     loop->kernel.data = backend;
     arm_wakeup(backend);
     return 0;
@@ -202,40 +213,58 @@ uring_close(struct evt_loop *loop)
     /* Closing the ring cancels what is still in it; in a forked child it only drops the child's
      * mappings and descriptor: the parent's ring is untouched. */
     io_uring_queue_exit(&backend->ring);
+    ruby_xfree(backend->polls);
     ruby_xfree(backend);
 }
 
-static void
-poll_remove(struct uring_backend *backend, int fd, struct evt_registration *reg)
+/* fd's entry in the poll table, NULL when the ring never watched it. */
+static struct uring_poll *
+poll_of(struct uring_backend *backend, int fd)
 {
-    struct io_uring_sqe *sqe = next_sqe(backend);
-    io_uring_prep_poll_remove(sqe, poll_data(fd, reg->slot.serial));
-    io_uring_sqe_set_data64(sqe, TAG_IGNORE);
-    reg->slot.interest = 0;
+    return fd >= 0 && fd < backend->polls_size ? &backend->polls[fd] : NULL;
 }
 
-/* One-shot polls: a request per wait, submitted with the next wait, no system call of its own. */
+static void
+poll_remove(struct uring_backend *backend, int fd, struct uring_poll *poll)
+{
+    struct io_uring_sqe *sqe = next_sqe(backend);
+    io_uring_prep_poll_remove(sqe, poll_data(fd, poll->serial));
+    io_uring_sqe_set_data64(sqe, TAG_IGNORE);
+    poll->interest = 0;
+}
+
+/* One-shot polls: a request per wait, submitted with the next wait, no system call of its own.
+ * The core arms again after each report while waiters remain (the backend is .oneshot). */
 static int
 uring_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
     struct uring_backend *backend = loop->kernel.data;
-    struct evt_backend_slot *slot = &reg->slot;
-    if (slot->interest && slot->generation == reg->generation && !(reg->events & ~slot->interest))
+    if (fd >= backend->polls_size) {
+        int size = backend->polls_size ? backend->polls_size : 64;
+        while (size <= fd) size *= 2;
+        REALLOC_N(backend->polls, struct uring_poll, size);
+        memset(&backend->polls[backend->polls_size], 0, (size_t)(size - backend->polls_size) * sizeof(struct uring_poll));
+        backend->polls_size = size;
+    }
+    struct uring_poll *poll = &backend->polls[fd];
+    if (poll->interest && poll->generation == reg->generation && !(reg->events & ~poll->interest))
         return 0; /* one in flight covers it */
-    if (slot->interest) poll_remove(backend, fd, reg); /* for fewer events, or for the file this number had */
+    if (poll->interest) poll_remove(backend, fd, poll); /* for fewer events, or for the file this number had */
     struct io_uring_sqe *sqe = next_sqe(backend);
     io_uring_prep_poll_add(sqe, fd, evt_poll_mask(reg->events));
-    io_uring_sqe_set_data64(sqe, poll_data(fd, ++slot->serial));
-    slot->interest = reg->events;
-    slot->generation = reg->generation;
+    io_uring_sqe_set_data64(sqe, poll_data(fd, ++poll->serial));
+    poll->interest = reg->events;
+    poll->generation = reg->generation;
     return 0;
 }
 
 static void
 uring_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
+    (void)reg;
     /* A poll in flight keeps the file open in the kernel: take it back. */
-    if (reg->slot.interest) poll_remove(loop->kernel.data, fd, reg);
+    struct uring_poll *poll = poll_of(loop->kernel.data, fd);
+    if (poll && poll->interest) poll_remove(loop->kernel.data, fd, poll);
 }
 
 static int
@@ -255,22 +284,25 @@ uring_wait(struct evt_loop *loop, int64_t timeout_ns)
     return 0; /* nothing fired: complete() reports what the ring has */
 }
 
+/* A poll request completed: reported to the core (which arms again for waiters that remain) if
+ * it is the descriptor's current one, from the backend's own table alone. */
 static void
 poll_done(struct evt_loop *loop, struct uring_backend *backend, uint64_t data, int res)
 {
     int fd = (int)(uint32_t)(data >> 2);
     uint32_t serial = (uint32_t)(data >> 34);
-    struct evt_registration *reg = evt_registration_find(loop, fd);
-    if (!reg) return;
-    if ((reg->slot.serial & 0x3fffffff) != serial || !reg->slot.interest) return; /* removed or replaced */
-    reg->slot.interest = 0; /* one-shot: nothing in flight now */
+    struct uring_poll *poll = poll_of(backend, fd);
+    if (!poll || (poll->serial & 0x3fffffff) != serial || !poll->interest) return; /* removed or replaced */
+    poll->interest = 0; /* one-shot: nothing in flight now */
     /* A failed poll (-EBADF) counts as POLLNVAL: the waiters meet the error themselves. */
-    evt_waiter_fired(loop, fd, reg->generation, evt_events_from_poll(res < 0 ? POLLNVAL : (unsigned)res));
-    if (reg->events && !reg->slot.interest) uring_arm(loop, fd, reg); /* waiters for other events remain */
+    evt_waiter_fired(loop, fd, poll->generation, evt_events_from_poll(res < 0 ? POLLNVAL : (unsigned)res));
 }
 
+/* Reports what the ring has; `timer` is the first timer's deadline (evt_now_ns's clock; -1: none
+ * to keep, as in a cancellation), which decides whether completions still in the kernel's task work
+ * are fetched too (below). */
 static void
-dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
+dispatch_completions(struct evt_loop *loop, struct uring_backend *backend, int64_t timer)
 {
     int rounds = 0;
     for (;;) {
@@ -309,16 +341,16 @@ dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
         if (!io_uring_cq_has_overflow(&backend->ring) &&
             !(IO_URING_READ_ONCE(*backend->ring.sq.kflags) & IORING_SQ_TASKRUN))
             return;
-        if (++rounds > TASKRUN_ROUNDS || !evt_loop_timer_due(loop)) return;
+        if (++rounds > TASKRUN_ROUNDS || timer < 0 || timer > evt_now_ns()) return;
         int r = io_uring_get_events(&backend->ring);
         if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) return; /* the next wait reports it */
     }
 }
 
 static void
-uring_complete(struct evt_loop *loop)
+uring_complete(struct evt_loop *loop, int64_t timer)
 {
-    dispatch_completions(loop, loop->kernel.data);
+    dispatch_completions(loop, loop->kernel.data, timer);
 }
 
 /* waitid(P_PID, pid, info, WEXITED | WNOWAIT) in the ring: the child stays to be reaped by Ruby,
@@ -406,7 +438,7 @@ uring_cancel(struct evt_loop *loop, struct evt_op *op)
         struct io_uring_cqe *cqe;
         int r = io_uring_submit_and_wait_timeout(&backend->ring, &cqe, 1, NULL, NULL);
         if (r < 0 && r != -EINTR && r != -ETIME && r != -EBUSY && r != -EAGAIN) rb_syserr_fail(-r, "io_uring_enter");
-        dispatch_completions(loop, backend);
+        dispatch_completions(loop, backend, -1);
     }
 }
 
@@ -420,7 +452,7 @@ uring_release(struct evt_loop *loop, int fd, struct evt_registration *reg)
     if (!io_uring_sq_ready(&backend->ring)) return;
     int r = io_uring_submit_and_get_events(&backend->ring);
     if (r < 0 && r != -EINTR && r != -EBUSY && r != -EAGAIN) rb_syserr_fail(-r, "io_uring_enter");
-    dispatch_completions(loop, backend);
+    dispatch_completions(loop, backend, -1);
 }
 
 /* Whether a queued request names the descriptor fd. */
@@ -524,6 +556,7 @@ uring_read_now(struct evt_loop *loop, int fd, struct evt_registration *reg, int 
 
 const struct evt_backend evt_backend_uring = {
     .name = "io_uring",
+    .oneshot = 1,
     .probe = uring_probe,
     .open = uring_open,
     .close = uring_close,

@@ -32,7 +32,6 @@ evt_registration_get(struct evt_loop *loop, int fd, VALUE io)
         reg->events = reg->armed = reg->flags = reg->exhausted = 0;
         reg->counts[0] = reg->counts[1] = reg->counts[2] = 0;
         evt_backend_slot_clear(&reg->slot);
-        reg->slot.serial = 0;
         loop->registrations[fd] = reg;
     }
     if (reg->io != io) {

@@ -59,7 +59,8 @@ evt_waiter_wake(struct evt_loop *loop, struct evt_waiter *w, enum evt_outcome ou
     evt_waiter_ready(loop, w);
 }
 
-/* A readiness backend's report: `events` fired on fd, registered as `generation`. */
+/* A backend's report: `events` fired on fd, registered as `generation`. A one-shot backend's watch
+ * ended with it: armed again for the waiters that remain. */
 void
 evt_waiter_fired(struct evt_loop *loop, int fd, uint32_t generation, int events)
 {
@@ -80,6 +81,7 @@ evt_waiter_fired(struct evt_loop *loop, int fd, uint32_t generation, int events)
             evt_waiter_wake(loop, w, EVT_IO_READY, ready);
         }
     }
+    if (loop->kernel.backend->oneshot && reg->events) evt_registration_arm(loop, fd, reg);
 }
 
 /* A completion backend's report: `op` is done, with `result`. */
