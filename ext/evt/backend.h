@@ -159,10 +159,8 @@ struct evt_backend {
     int (*wait)(struct evt_loop *loop, int64_t timeout_ns);
 
     /* Optional, for a completion backend: with the GVL, after each wait, reports the completions
-     * the kernel has (evt_waiter_fired, evt_waiter_done). `timer` is the first timer's deadline
-     * (evt_now_ns's clock), -1 if none: once it has passed, completions the kernel still holds
-     * back are worth fetching before the timers fire. */
-    void (*complete)(struct evt_loop *loop, int64_t timer);
+     * the kernel has (evt_waiter_fired, evt_waiter_done), all of them: the timers fire next. */
+    void (*complete)(struct evt_loop *loop);
     /* Optional: transfers done by the backend. Submits op: 0, or -errno when it cannot (the core
      * then does the transfer itself). */
     int (*transfer)(struct evt_loop *loop, struct evt_op *op);

@@ -35,7 +35,8 @@ enum { TAG_OP = 0, TAG_POLL = 1, TAG_WAKEUP = 2, TAG_IGNORE = 3, TAG_MASK = 3 };
 
 #define RING_ENTRIES 256
 #define COMPLETION_ENTRIES 16384
-#define TASKRUN_ROUNDS 256 /* kernel entries a dispatch makes at most, a timer being due, for completions still in task work */
+#define TASKRUN_ROUNDS 256 /* kernel entries a dispatch makes at most for completions still in task work */
+#define TASKRUN_BATCH 16   /* completions an entry brings at least when a backlog is left (the kernel's batch: 20) */
 
 /* What the ring watches for one descriptor: the backend's own table, indexed by descriptor, so
  * that a completion is matched to its request without looking into the core's registrations. */
@@ -298,11 +299,9 @@ poll_done(struct evt_loop *loop, struct uring_backend *backend, uint64_t data, i
     evt_waiter_fired(loop, fd, poll->generation, evt_events_from_poll(res < 0 ? POLLNVAL : (unsigned)res));
 }
 
-/* Reports what the ring has; `timer` is the first timer's deadline (evt_now_ns's clock; -1: none
- * to keep, as in a cancellation), which decides whether completions still in the kernel's task work
- * are fetched too (below). */
+/* Reports what the ring has, and what the kernel still holds back of it (below). */
 static void
-dispatch_completions(struct evt_loop *loop, struct uring_backend *backend, int64_t timer)
+dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
 {
     int rounds = 0;
     for (;;) {
@@ -331,26 +330,28 @@ dispatch_completions(struct evt_loop *loop, struct uring_backend *backend, int64
         io_uring_cq_advance(&backend->ring, count);
         /* Completions the CQ had no room for wait in the kernel, and completions still in task work:
          * a kernel wait that need not block runs only a small batch of those (IO_LOCAL_TW_DEFAULT_MAX,
-         * 20 on 6.x), so under load polls that had fired long ago stayed unreported for whole turns,
-         * and when timers fired next their waiters timed out with data on the socket. So when a
-         * timer is due, they are fetched first, a batch per entry, a bounded number of times (they
-         * keep coming under load). Otherwise the next turn's wait collects them. (Asking instead for
-         * all of them at once, io_uring_wait_cqes with a large count and a zero timeout, had the
-         * kernel spin in io_cqring_wait while completions kept coming: http-close on io_uring went
-         * from 42 to 80-165 µs of CPU per request.) */
+         * 20 on 6.x). Left to the next turn's wait, a backlog of them drained 20 a turn: under 8,192
+         * keep-alive connections some waited over a second (p99 0.9-2.4 s, against 45 ms for epoll),
+         * and waiters whose data had come timed out. So they are fetched now, a batch per kernel
+         * entry, while the last entry brought a whole batch (a backlog, not the trickle that keeps
+         * coming under load: fetching until none was left cost twice the system calls and 18 % more
+         * CPU per request), a bounded number of times. (Asking for all of them at once,
+         * io_uring_wait_cqes with a large count and a zero timeout, had the kernel spin in
+         * io_cqring_wait while completions kept coming.) */
         if (!io_uring_cq_has_overflow(&backend->ring) &&
             !(IO_URING_READ_ONCE(*backend->ring.sq.kflags) & IORING_SQ_TASKRUN))
             return;
-        if (++rounds > TASKRUN_ROUNDS || timer < 0 || timer > evt_now_ns()) return;
+        if (rounds > 0 && count < TASKRUN_BATCH) return;
+        if (++rounds > TASKRUN_ROUNDS) return;
         int r = io_uring_get_events(&backend->ring);
         if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) return; /* the next wait reports it */
     }
 }
 
 static void
-uring_complete(struct evt_loop *loop, int64_t timer)
+uring_complete(struct evt_loop *loop)
 {
-    dispatch_completions(loop, loop->kernel.data, timer);
+    dispatch_completions(loop, loop->kernel.data);
 }
 
 /* waitid(P_PID, pid, info, WEXITED | WNOWAIT) in the ring: the child stays to be reaped by Ruby,
@@ -438,7 +439,7 @@ uring_cancel(struct evt_loop *loop, struct evt_op *op)
         struct io_uring_cqe *cqe;
         int r = io_uring_submit_and_wait_timeout(&backend->ring, &cqe, 1, NULL, NULL);
         if (r < 0 && r != -EINTR && r != -ETIME && r != -EBUSY && r != -EAGAIN) rb_syserr_fail(-r, "io_uring_enter");
-        dispatch_completions(loop, backend, -1);
+        dispatch_completions(loop, backend);
     }
 }
 
@@ -452,7 +453,7 @@ uring_release(struct evt_loop *loop, int fd, struct evt_registration *reg)
     if (!io_uring_sq_ready(&backend->ring)) return;
     int r = io_uring_submit_and_get_events(&backend->ring);
     if (r < 0 && r != -EINTR && r != -EBUSY && r != -EAGAIN) rb_syserr_fail(-r, "io_uring_enter");
-    dispatch_completions(loop, backend, -1);
+    dispatch_completions(loop, backend);
 }
 
 /* Whether a queued request names the descriptor fd. */

@@ -411,10 +411,7 @@ dispatch(struct evt_loop *loop, int fired)
         struct evt_fired event = loop->kernel.fired[i];
         evt_waiter_fired(loop, event.fd, event.generation, event.events);
     }
-    if (loop->kernel.backend->complete) {
-        struct evt_timer *first = evt_timers_first(&loop->timers);
-        loop->kernel.backend->complete(loop, first ? first->deadline : -1);
-    }
+    if (loop->kernel.backend->complete) loop->kernel.backend->complete(loop);
     if (fired == loop->kernel.fired_capacity && loop->kernel.fired_capacity < EVT_FIRED_MAX) {
         REALLOC_N(loop->kernel.fired, struct evt_fired, loop->kernel.fired_capacity * 2);
         loop->kernel.fired_capacity *= 2;
