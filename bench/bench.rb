@@ -40,8 +40,8 @@ require_relative "scenarios/rails"
 
 module Bench
   ROOT = File.expand_path("..", __dir__)
-  SCENARIOS = %w[http-keepalive http-close http-redis pipe-pingpong big-reads write-pieces timers idle-connections
-                 close-waiters blocking-ops http-cpu falcon rails].freeze
+  SCENARIOS = %w[http-keepalive http-close http-redis pipe-pingpong big-reads thread-server thread-clients write-pieces
+                 timers sleep-fanout idle-connections close-waiters blocking-ops http-cpu falcon rails].freeze
   # Scenarios that run only when --only names them: soak takes 10 minutes per backend.
   ON_REQUEST = %w[soak].freeze
   (SCENARIOS - METRICS.keys).then { |none| raise "bench: no metric declared for #{none.join(", ")}" unless none.empty? }
@@ -58,10 +58,10 @@ module Bench
   SIZES = {
     full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000,
            waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8, repeats: 3, soak: 600, rounds: 50,
-           big_clients: 20, big_rounds: 20},
+           big_clients: 20, big_rounds: 20, beside_clients: 10, beside_rounds: 20, sleep_scale: 5},
     quick: {duration: 1, warmup: 1, strace: 1, pairs: 10, messages: 2_000, fibers: 10_000, idle: 1_000,
             waiters: [10, 100, 1000], deflates: 4, deflate_mib: 2, repeats: 1, soak: 30, rounds: 20,
-            big_clients: 5, big_rounds: 5},
+            big_clients: 5, big_rounds: 5, beside_clients: 5, beside_rounds: 5, sleep_scale: 1},
   }.freeze
 
   # A measurement that failed; +details+ go into its row (a server's stderr, say).
@@ -305,8 +305,10 @@ module Bench
                   when "http-redis" then http_redis(subject)
                   when "pipe-pingpong" then script("pipe_pingpong.rb", subject, @size[:pairs], @size[:messages])
                   when "big-reads" then script("big_reads.rb", subject, @size[:big_clients], @size[:big_rounds])
+                  when "thread-server", "thread-clients" then threads_beside(subject, scenario)
                   when "write-pieces" then script("write_pieces.rb", subject, @size[:rounds])
                   when "timers" then timers(subject)
+                  when "sleep-fanout" then script("sleep_fanout.rb", subject, @size[:sleep_scale])
                   when "idle-connections" then idle(subject)
                   when "close-waiters" then close_waiters(subject)
                   when "blocking-ops" then blocking_ops(subject)
@@ -331,9 +333,10 @@ module Bench
       return nil if scenario.start_with?("http-") || CORE_SUBJECTS.key?(scenario) || %w[falcon rails].include?(scenario)
       return "an HTTP server only" if subject == "c-epoll"
       return "one thread cannot block on several readers" if scenario == "close-waiters" && subject == "blocking"
-      return "one thread cannot serve and read at once" if scenario == "big-reads" && subject == "blocking"
+      return "one thread cannot serve and read at once" if %w[big-reads thread-server thread-clients].include?(scenario) && subject == "blocking"
       return "one thread cannot hold #{@size[:idle]} waiting connections" if scenario == "idle-connections" && subject == "blocking"
       return "#{@size[:fibers]} sleepers need fibers or as many threads" if scenario == "timers" && %w[blocking threads].include?(subject)
+      return "the work is fibers on a scheduler" if scenario == "sleep-fanout" && %w[blocking threads].include?(subject)
 
       nil
     end

@@ -65,6 +65,11 @@ module Bench
                  [:errors, "errors", "%d"], [:syscalls_per_req, "syscalls/req", "%.2f"], [:vs_c, "x C", "%.2f"]]
               elsif scenario == "write-pieces"
                 [[:split_ms, "write(a,b) ms", "%.3f"], [:joined_ms, "write(a+b) ms", "%.3f"]]
+              elsif %w[thread-server thread-clients].include?(scenario)
+                [[:seconds, "seconds", "%.3f"], [:cpu_seconds, "CPU s", "%.3f"], [:downloads_per_s, "downloads/s", "%.0f"]]
+              elsif scenario == "sleep-fanout"
+                [[:seconds, "seconds", "%.3f"], [:cpu_seconds, "CPU s", "%.3f"], [:idle_cpu_pct, "idle CPU %", "%.2f"],
+                 [:timeouts_s, "timeouts s", "%.3f"], [:pool_s, "pool s", "%.3f"], [:fanout_s, "fanout s", "%.3f"]]
               elsif scenario == "idle-connections"
                 [[:rss_mb, "RSS MB", "%.1f"]]
               else
@@ -174,8 +179,12 @@ module Bench
     when "http-redis" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive, a Redis GET per request, pool of #{@redis_pool}"
     when "pipe-pingpong" then "#{@size[:pairs]} pipe pairs x #{@size[:messages]} x 1 KiB"
     when "big-reads" then "#{@size[:big_clients]} Net::HTTP clients x #{@size[:big_rounds]} bodies of 512 KiB from a server in the same process"
+    when "thread-server", "thread-clients"
+      "#{@size[:beside_clients]} Net::HTTP clients x #{@size[:beside_rounds]} bodies of 256 KiB, " \
+        "#{scenario == "thread-server" ? "fiber clients, a server of threads" : "a fiber server, thread clients"}"
     when "write-pieces" then "#{@size[:rounds]} keep-alive requests from a client without a scheduler; mean round trip"
     when "timers" then "#{@size[:fibers]} fibers sleeping 0-100 ms; then one fiber sleeping 1, 2, 5 ms x 100"
+    when "sleep-fanout" then "fibers sleeping 1-3 ms in timeouts, a pool and fan-outs, scale #{@size[:sleep_scale]}"
     when "idle-connections" then "#{@size[:idle]} idle connections, a reader waiting on each"
     when "close-waiters" then "N = #{@size[:waiters].join(", ")} readers blocked on N pipes, every read end closed"
     when "blocking-ops" then "#{@size[:deflates]} fibers each deflating #{@size[:deflate_mib]} MiB with Zlib"

@@ -14,6 +14,19 @@ module Bench
                  "of them overlapping within the 100 ms; late us: median wall time past the requested sleep of one " \
                  "fiber sleeping 1, 2 and 5 ms in turn, 300 sleeps, alone in its loop; idle CPU %: that process's CPU " \
                  "time over the wall time of those sleeps, which a scheduler that spins for timers spends)"
+  scenario "thread-server",
+           metric: :seconds,
+           note: "(fiber clients on the subject's scheduler download 256 KiB bodies with Net::HTTP, read_body in " \
+                 "chunks, from a server of plain threads in the same process: the loop's thread and the server's " \
+                 "share the GVL; unpinned; threads: both sides plain threads)"
+  scenario "thread-clients",
+           metric: :seconds,
+           note: "(the same with the roles swapped: a fiber server on the subject's scheduler, plain-thread clients)"
+  scenario "sleep-fanout",
+           metric: :seconds,
+           note: "(fibers that mostly sleep 1-3 ms: nested Timeout.timeout around sleeps, a pool of 5 held across " \
+                 "sleeps, rounds of 100 sleeping fibers; seconds: all three parts, which sleep about 2.6 s; idle CPU %: " \
+                 "CPU time over wall time, nearly all of it waiting)"
   scenario "idle-connections", metric: :rss_mb
   scenario "close-waiters",
            metric: :close_avg_us,
@@ -40,6 +53,12 @@ module Bench
       script("blocking_ops.rb", subject, @size[:deflates], @size[:deflate_mib], pinned: false)
     end
     runs.sort_by { |run| run[:seconds] }[runs.size / 2].merge(runs: runs.map { |run| run[:seconds] })
+  end
+
+  # thread-server, thread-clients: both sides in one process, unpinned (the GVL passes between
+  # the loop's thread and the others as on a user's machine).
+  def threads_beside(subject, role)
+    script("threads_beside.rb", subject, role, @size[:beside_clients], @size[:beside_rounds], pinned: false)
   end
 
   def timers(subject)
