@@ -45,6 +45,7 @@ module Bench
   # Scenarios that run only when --only names them: soak takes 10 minutes per backend.
   ON_REQUEST = %w[soak].freeze
   (SCENARIOS - METRICS.keys).then { |none| raise "bench: no metric declared for #{none.join(", ")}" unless none.empty? }
+  (SCENARIOS - Chart::METRICS.keys).then { |none| raise "bench: no chart panel for #{none.join(", ")}" unless none.empty? }
   # Scenarios about evt's use of every core, with subjects of their own (evt configured two ways).
   CORE_SUBJECTS = {"blocking-ops" => ->(_cores) { %w[evt-pool-off evt-pool-on threads] },
                    "http-cpu" => ->(cores) { ["evt-workers-1", "evt-workers-#{cores}", "evt-ractors-1", "evt-ractors-#{cores}"] }}.freeze
@@ -58,7 +59,7 @@ module Bench
   SIZES = {
     full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000,
            waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8, repeats: 3, soak: 600, rounds: 50,
-           big_clients: 20, big_rounds: 20, beside_clients: 10, beside_rounds: 20, sleep_scale: 5},
+           big_clients: 20, big_rounds: 20, beside_clients: 10, beside_rounds: 200, sleep_scale: 5},
     quick: {duration: 1, warmup: 1, strace: 1, pairs: 10, messages: 2_000, fibers: 10_000, idle: 1_000,
             waiters: [10, 100, 1000], deflates: 4, deflate_mib: 2, repeats: 1, soak: 30, rounds: 20,
             big_clients: 5, big_rounds: 5, beside_clients: 5, beside_rounds: 5, sleep_scale: 1},

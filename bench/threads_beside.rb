@@ -23,7 +23,7 @@ subject = ARGV.fetch(0)
 role = ARGV.fetch(1)
 abort "threads_beside: ROLE is thread-server or thread-clients" unless %w[thread-server thread-clients].include?(role)
 clients = Integer(ARGV.fetch(2, "10"))
-rounds = Integer(ARGV.fetch(3, "20"))
+rounds = Integer(ARGV.fetch(3, "200"))
 body = ("x" * (256 * 1024)).freeze
 head = "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: #{body.bytesize}\r\n\r\n".freeze
 server = TCPServer.new("127.0.0.1", 0)
