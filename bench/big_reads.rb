@@ -9,6 +9,7 @@
 require "json"
 require "net/http"
 require "socket"
+require_relative "http_handler"
 require_relative "subject"
 
 subject = ARGV.fetch(0)
@@ -20,17 +21,7 @@ server = TCPServer.new("127.0.0.1", 0)
 port = server.local_address.ip_port
 received = 0
 
-serve = lambda do |connection|
-  while (line = connection.gets)
-    next unless line == "\r\n"
-
-    connection.write(head, body)
-  end
-rescue Errno::ECONNRESET, Errno::EPIPE
-  nil
-ensure
-  connection.close
-end
+serve = ->(connection) { Bench::HTTPHandler.serve_fixed(connection, head, body) }
 fetch = lambda do
   Net::HTTP.start("127.0.0.1", port) do |http|
     rounds.times do

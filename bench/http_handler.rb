@@ -44,6 +44,18 @@ module Bench
       client.close
     end
 
+    # Serves +client+ the same +body+ after +head+ for every request, one write of the two strings
+    # each, until the client closes (big-reads, thread-server, thread-clients).
+    def serve_fixed(client, head, body)
+      while (line = client.gets)
+        client.write(head, body) if line == "\r\n"
+      end
+    rescue Errno::ECONNRESET, Errno::EPIPE
+      nil
+    ensure
+      client.close
+    end
+
     def response(body, close)
       "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: #{body.bytesize}\r\n" \
         "#{"Connection: close\r\n" if close}\r\n#{body}"
