@@ -158,6 +158,15 @@ module Bench
     File.exist?(log) ? File.readlines(log, chomp: true) : []
   end
 
+  # The Failure of a server's measurement that +error+ ended: +reason+ (else the error's first
+  # line), with the first error line of the server's stderr (+log+) and the start of that stderr.
+  def server_failure(error, log, reason = nil)
+    reason ||= error.message.lines.first.strip
+    first = stderr_lines(log).find { |l| l =~ /Error|error|abort|\[BUG\]/ }
+    reason += " (stderr: #{first.strip})" if first && !reason.include?(first.strip)
+    Failure.new(reason, stderr: stderr_lines(log).first(20), stderr_file: relative(log))
+  end
+
   def progress(subject)
     started = clock
     $stderr.print format("  %-13s running...", subject)

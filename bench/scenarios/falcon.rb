@@ -114,10 +114,7 @@ module Bench
       {rps: report[:rps].round(0), cpu_us_per_req: (used * 1e6 / report[:requests]).round(2), p99_ms: report[:p99_ms],
        errors: report[:errors], connections: @connections, loop: short_loop(runs_on)}
     rescue Failure, Timeout::Error, SystemCallError => e
-      reason = (soak_death(server, log) if ended?(server)) || e.message.lines.first.strip
-      first = stderr_lines(log).find { |l| l =~ /Error|error|abort|\[BUG\]/ }
-      reason += " (stderr: #{first.strip})" if first && !reason.include?(first.strip)
-      raise Failure.new(reason, stderr: stderr_lines(log).first(20), stderr_file: relative(log))
+      raise server_failure(e, log, (soak_death(server, log) if ended?(server)))
     ensure
       stop(server)
     end

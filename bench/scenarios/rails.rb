@@ -101,10 +101,7 @@ module Bench
         {rps: report[:rps].round(0), cpu_us_per_req: (used * 1e6 / report[:requests]).round(2), p99_ms: report[:p99_ms],
          errors: report[:errors], connections: @connections, pool: pool, loop: runs_on.sub(/\Aselector /, "")[0, 40]}
       rescue Failure, Timeout::Error, SystemCallError => e
-        first = stderr_lines(log).find { |l| l =~ /Error|error|abort|\[BUG\]/ }
-        reason = e.message.lines.first.strip
-        reason += " (stderr: #{first.strip})" if first && !reason.include?(first.strip)
-        raise Failure.new(reason, stderr: stderr_lines(log).first(20), stderr_file: relative(log))
+        raise server_failure(e, log)
       ensure
         stop(server)
       end
