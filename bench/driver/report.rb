@@ -84,14 +84,7 @@ module Bench
     puts
     puts "#{scenario} (#{description(scenario)}; lower #{metric(scenario)} is better)"
     puts format("%-13s", "subject") + columns.map { |_, title, _| format(" %13s", title) }.join
-    rows.each do |row|
-      line = format("%-13s", row[:subject])
-      line += if row[:skipped] then "  n/a: #{row[:skipped]}"
-              elsif row[:error] then "  FAILED: #{row[:error]}"
-              else columns.map { |key, _, fmt| format(" %13s", cell(row[key], fmt)) }.join
-              end
-      puts line
-    end
+    rows.each { |row| puts table_line(row, columns, 13, 13) }
     best = rows.find { |r| r[:best_peer] }
     puts "best peer: #{best[:best_peer]}" if best
     fastest = rows.find { |r| r[:fastest_peer] }
@@ -99,6 +92,16 @@ module Bench
     print_repeats(rows, metric(scenario))
     puts NOTES[scenario] if NOTES[scenario]
     $stdout.flush
+  end
+
+  # One row of a table: the subject in +label+ columns, then each column's cell in +width+, or why
+  # the row has none.
+  def table_line(row, columns, label, width)
+    format("%-#{label}s", row[:subject]) +
+      if row[:skipped] then "  n/a: #{row[:skipped]}"
+      elsif row[:error] then "  FAILED: #{row[:error]}"
+      else columns.map { |key, _, fmt| format(" %#{width}s", cell(row[key], fmt)) }.join
+      end
   end
 
   # The falcon and rails scenarios: a table per app (+titles+: app => heading), +columns+ as
@@ -112,12 +115,7 @@ module Bench
       puts heading
       puts format("%-20s", "subject") + columns.map { |_, name, _| format(" %12s", name) }.join
       rows.each do |row|
-        line = format("%-20s", row[:subject])
-        line += if row[:skipped] then "  n/a: #{row[:skipped]}"
-                elsif row[:error] then "  FAILED: #{row[:error]}"
-                else columns.map { |key, _, fmt| format(" %12s", cell(row[key], fmt)) }.join
-                end
-        puts line
+        puts table_line(row, columns, 20, 12)
         next unless row[:error] && row[:stderr_file]
 
         row[:stderr].to_a.first(6).each { |l| puts "    stderr: #{l[0, 160]}" }
