@@ -46,4 +46,44 @@ class FairnessTest < Minitest::Test
   ensure
     pairs&.each { |a, b| [a, b].each(&:close) }
   end
+
+  CONNECTIONS = 100
+  BUSY = 200
+
+  # An accept loop that starts a fiber per connection goes on as soon as that fiber waits, so it
+  # takes every pending connection in a turn or two. (It used to wait behind every ready fiber
+  # after each start: one connection a turn, and at 8,192 connections 2,000 of them sat in the
+  # listen queue for the whole run.)
+  def test_an_accept_loop_takes_every_pending_connection_within_a_few_turns
+    server = TCPServer.new("127.0.0.1", 0)
+    clients = Array.new(CONNECTIONS) { TCPSocket.new("127.0.0.1", server.local_address.ip_port) }
+    turns = 0
+    accepted_at = []
+    done = false
+    evt do
+      # Fibers always ready, as request fibers under load are: a turn resumes each of them.
+      BUSY.times { Fiber.schedule { sleep 0 until done } }
+      Fiber.schedule do
+        until done
+          sleep 0
+          turns += 1
+        end
+      end
+      Fiber.schedule do
+        CONNECTIONS.times do
+          connection = server.accept
+          accepted_at << turns
+          Fiber.schedule { connection.read(1) } # waits: the client writes nothing yet
+        end
+        clients.each { |client| client.write_nonblock("x") }
+        done = true
+      end
+    end
+    assert_equal CONNECTIONS, accepted_at.size
+    spread = accepted_at.max - accepted_at.min
+    assert_operator spread, :<=, 2, "#{CONNECTIONS} pending connections took #{spread} turns to accept"
+  ensure
+    clients&.each(&:close)
+    server&.close
+  end
 end

@@ -88,18 +88,34 @@ class LoopParityTest < Minitest::Test
   # ---- ready fibers and timers -----------------------------------------------------------------
 
   def test_ready_fibers_run_in_the_order_they_became_ready
-    expected = [[:a, 0], [:b, 0], [:child, 0], [:c, 0], [:a, 1], [:b, 1], [:child, 1], [:c, 1], [:b, 2]]
+    expected = [[:a, 0], [:b, 0], [:child, 0], [:c, 0], [:b, 1], [:a, 1], [:child, 1], [:c, 1], [:b, 2]]
     assert_trace(expected) do |t|
       Fiber.schedule { 2.times { |i| t << [:a, i]; sleep 0 } }
       Fiber.schedule do
         t << [:b, 0]
-        # Started at once; the fiber that scheduled it waits in the ready queue meanwhile.
+        # Started at once; the fiber that scheduled it waits at the head of the ready queue meanwhile
+        # (the main fiber goes on first: it is the loop's).
         Fiber.schedule { t << [:child, 0]; sleep 0; t << [:child, 1] }
         t << [:b, 1]
         sleep 0
         t << [:b, 2]
       end
       Fiber.schedule { t << [:c, 0]; sleep 0; t << [:c, 1] }
+    end
+  end
+
+  # Inside the running loop, a fiber that starts another goes on as soon as that one waits, before
+  # the fibers that were ready already (an accept loop takes its next connection at once).
+  def test_a_fiber_that_starts_another_goes_on_before_the_fibers_already_ready
+    expected = [[:a, 0], [:a, 1], [:p, 0], [:child, 0], [:p, 1], [:a, 2], [:child, 1]]
+    assert_trace(expected) do |t|
+      Fiber.schedule { 3.times { |i| t << [:a, i]; sleep 0 } }
+      Fiber.schedule do
+        sleep 0
+        t << [:p, 0]
+        Fiber.schedule { t << [:child, 0]; sleep 0; t << [:child, 1] }
+        t << [:p, 1]
+      end
     end
   end
 

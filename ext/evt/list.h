@@ -40,6 +40,12 @@ evt_list_append(struct evt_list *head, struct evt_list *node)
 }
 
 static inline void
+evt_list_prepend(struct evt_list *head, struct evt_list *node)
+{
+    evt_list_append(head->next, node);
+}
+
+static inline void
 evt_list_remove(struct evt_list *node)
 {
     node->prev->next = node->next;

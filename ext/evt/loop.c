@@ -694,8 +694,11 @@ wait_body(VALUE ptr)
         start_op(loop, wait);
         break;
     case EVT_WAIT_YIELD:
-    case EVT_WAIT_START:
         evt_waiter_wake(loop, w, EVT_INTERRUPTED, 0); /* straight to the ready queue */
+        break;
+    case EVT_WAIT_START:
+        w->outcome = EVT_INTERRUPTED;
+        evt_waiter_ready_first(loop, w); /* resumed as soon as the new fiber waits */
         break;
     }
 

@@ -49,6 +49,19 @@ evt_waiter_ready(struct evt_loop *loop, struct evt_waiter *w)
     loop->ready_count++;
 }
 
+/* Ahead of the others: the fiber that started a new one goes on as soon as that one waits, as
+ * under Ruby's reference scheduler (where the new fiber's wait yields back to its starter). An
+ * accept loop so takes every pending connection in one go, not one per turn behind thousands of
+ * request fibers while the listen queue overflows. In a selector's select, in order as always. */
+void
+evt_waiter_ready_first(struct evt_loop *loop, struct evt_waiter *w)
+{
+    w->state = EVT_READY;
+    if (RB_UNLIKELY(loop->dispatching)) evt_list_append(&loop->dispatched, &w->ready_link);
+    else evt_list_prepend(&loop->ready, &w->ready_link);
+    loop->ready_count++;
+}
+
 void
 evt_waiter_wake(struct evt_loop *loop, struct evt_waiter *w, enum evt_outcome outcome, int ready)
 {

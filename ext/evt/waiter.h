@@ -8,6 +8,7 @@ void evt_waiter_attach(struct evt_loop *loop, struct evt_waiter *w, VALUE io);
 /* Takes the waiter out of everything it waits on (not out of the ready queue). */
 void evt_waiter_detach(struct evt_loop *loop, struct evt_waiter *w);
 void evt_waiter_ready(struct evt_loop *loop, struct evt_waiter *w);
+void evt_waiter_ready_first(struct evt_loop *loop, struct evt_waiter *w);
 /* Wakes a waiting waiter with `outcome` (and, for EVT_IO_READY, the events that arrived). */
 void evt_waiter_wake(struct evt_loop *loop, struct evt_waiter *w, enum evt_outcome outcome, int ready);
 

@@ -107,8 +107,10 @@ module Evt
         when :block
           make_unblockable(waiter)
           wake(waiter, 1) if unblocked
-        when :yield, :start
+        when :yield
           wake(waiter, SPURIOUS)
+        when :start
+          ready_first(waiter)
         end
 
         if kind == :start
@@ -157,6 +159,14 @@ module Evt
       waiter.state = :ready
       @ready << waiter
       signal if @blocked # from a trap handler while IO.select waits: it must see the fiber ready
+    end
+
+    # The fiber that started a new one: ahead of the others, resumed once that one waits (as
+    # evt_waiter_ready_first in waiter.c; the loop here has no selector's select to keep in order).
+    def ready_first(waiter)
+      waiter.result = SPURIOUS
+      waiter.state = :ready
+      @ready.unshift(waiter)
     end
 
     # A fiber left its wait without the loop resuming it: the fiber that switched to it must wait in
