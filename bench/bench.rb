@@ -182,7 +182,7 @@ module Bench
 
     # [[name, nil or why it cannot run]], in table order.
     def available_subjects
-      subjects = [["c-epoll", c_server_problem], ["blocking", nil], ["threads", nil]]
+      subjects = [["c-epoll", c_server_problem], ["blocking", nil], ["fibers", nil], ["threads", nil]]
       subjects += evt_backends.map { |name| ["evt-#{name}", nil] }
       async = async_problems
       subjects += %w[async-epoll async-uring].map { |name| [name, async[name]] }
@@ -324,6 +324,9 @@ module Bench
     end
 
     def not_applicable(scenario, subject)
+      if subject == "fibers" && !%w[http-keepalive http-close].include?(scenario)
+        return "Ruby's floor for a fiber per connection: http-keepalive and http-close only"
+      end
       if scenario == "http-redis"
         return "the C server has no Redis client" if subject == "c-epoll"
         return "one connection at a time: threads is the scheduler-less row" if subject == "blocking"

@@ -9,7 +9,7 @@
 #   carbon          Carbon Fiber's scheduler (the carbon_fiber gem; Ruby >= 3.4, io_uring)
 #   uringmachine    uringmachine's fiber scheduler (the uringmachine gem; Ruby >= 4.0, io_uring)
 #
-# `blocking` and `threads` have no scheduler; scenarios handle them in their own way.
+# `blocking`, `fibers` and `threads` have no scheduler; scenarios handle them in their own way.
 module Bench
   module Subject
     module_function

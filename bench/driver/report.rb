@@ -172,7 +172,7 @@ module Bench
 
   def description(scenario)
     case scenario
-    when "http-keepalive" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive; blocking with -c1"
+    when "http-keepalive" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive; blocking and fibers with -c1"
     when "http-close" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, Connection: close"
     when "http-redis" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive, a Redis GET per request, pool of #{@redis_pool}"
     when "pipe-pingpong" then "#{@size[:pairs]} pipe pairs x #{@size[:messages]} x 1 KiB"

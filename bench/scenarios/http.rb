@@ -35,7 +35,7 @@ module Bench
 
   def http(subject, keepalive:)
     # One connection at a time cannot keep 100 keep-alive connections: the rest would starve.
-    connections = subject == "blocking" && keepalive ? 1 : @connections
+    connections = %w[blocking fibers].include?(subject) && keepalive ? 1 : @connections
     server = start_server(subject == "c-epoll" ? [@c_server] : [*ruby_for(subject), "bench/http_server.rb", subject])
     begin
       url = "http://127.0.0.1:#{server[:port]}/"
