@@ -55,7 +55,7 @@ module Bench
   # Descriptors a process needs besides one per connection (its own files, the pool, wrk's threads).
   SPARE_DESCRIPTORS = 1024
   HZ = Etc.sysconf(Etc::SC_CLK_TCK)
-  # Sizes: the full run, and --quick (the whole suite in about two minutes, half of it falcon).
+  # Sizes: the full run, and --quick (the whole suite in a few minutes).
   SIZES = {
     full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000,
            waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8, repeats: 3, soak: 600, rounds: 50,

@@ -11,7 +11,7 @@ require "socket"
 require "evt"
 require_relative "http_handler"
 
-# About half a millisecond of Ruby on this machine (a loop the VM cannot skip).
+# Roughly half a millisecond of Ruby, depending on the CPU (a loop the VM cannot skip).
 def work
   total = 0
   9_000.times { |i| total += i * i % 7 }

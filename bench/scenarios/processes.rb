@@ -47,7 +47,7 @@ module Bench
     private
 
   # blocking-ops: the run with the median time of @size[:repeats], each in a fresh process, and
-  # every run's seconds (one run on this shared machine moves by 10% either way).
+  # every run's seconds (a single run's time moves too much on a shared machine).
   def blocking_ops(subject)
     runs = Array.new(@size[:repeats]) do
       script("blocking_ops.rb", subject, @size[:deflates], @size[:deflate_mib], pinned: false)

@@ -96,8 +96,8 @@ epoll_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
     /* Edge-triggered: an idle registration costs nothing, and keeping it saves an epoll_ctl on the
      * next wait. The kernel drops it when the file is closed. (An EPOLL_CTL_DEL before IO#close
-     * would cost every close of a waited IO 1.4 us here; what a file kept open elsewhere, by a dup
-     * or a child, still reports carries the old generation and is ignored.) */
+     * would add a system call to every close of a waited IO; what a file kept open elsewhere, by a
+     * dup or a child, still reports carries the old generation and is ignored.) */
 }
 
 static int

@@ -329,15 +329,14 @@ dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
         }
         io_uring_cq_advance(&backend->ring, count);
         /* Completions the CQ had no room for wait in the kernel, and completions still in task work:
-         * a kernel wait that need not block runs only a small batch of those (IO_LOCAL_TW_DEFAULT_MAX,
-         * 20 on 6.x). Left to the next turn's wait, a backlog of them drained 20 a turn: under 8,192
-         * keep-alive connections some waited over a second (p99 0.9-2.4 s, against 45 ms for epoll),
-         * and waiters whose data had come timed out. So they are fetched now, a batch per kernel
-         * entry, while the last entry brought a whole batch (a backlog, not the trickle that keeps
-         * coming under load: fetching until none was left cost twice the system calls and 18 % more
-         * CPU per request), a bounded number of times. (Asking for all of them at once,
-         * io_uring_wait_cqes with a large count and a zero timeout, had the kernel spin in
-         * io_cqring_wait while completions kept coming.) */
+         * a kernel wait that need not block runs only a small batch of those (IO_LOCAL_TW_DEFAULT_MAX).
+         * Left to the next turn's wait, a backlog drains one batch a turn, and under thousands of
+         * connections waiters whose data has come can wait long enough to time out. So they are
+         * fetched now, a batch per kernel entry, while the last entry brought a whole batch (a
+         * backlog, not the trickle that keeps coming under load, which fetching until none is left
+         * would chase with a system call each), a bounded number of times. (Asking for all of them
+         * at once, io_uring_wait_cqes with a large count and a zero timeout, has the kernel spin in
+         * io_cqring_wait while completions keep coming.) */
         if (!io_uring_cq_has_overflow(&backend->ring) &&
             !(IO_URING_READ_ONCE(*backend->ring.sq.kflags) & IORING_SQ_TASKRUN))
             return;
@@ -424,9 +423,8 @@ uring_cancel(struct evt_loop *loop, struct evt_op *op)
     /* Wait here, with the thread: cancelling a request waiting for readiness is immediate, and a
      * file read under way ends soon. Other completions that arrive meanwhile are dispatched. The
      * kernel may not find the request where a cancellation looks (-ENOENT) while it moves between
-     * its poll and its retry, which run as task work: a send to a UNIX socket shut down for reading,
-     * cancelled just after it was submitted, was never found, and this wait never ended (Linux
-     * 6.18). Then it is asked again, once the wait has run the kernel's task work. */
+     * its poll and its retry, which run as task work; waiting for it then would never end, so it is
+     * asked again once the wait has run the kernel's task work. */
     while (op->pending) {
         if (backend->cancel_answer == -ENOENT) {
             struct io_uring_sqe *sqe = next_sqe(backend);

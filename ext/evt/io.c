@@ -229,16 +229,15 @@ transfer_by_backend(struct evt_loop *loop, VALUE io, VALUE buffer, struct evt_op
  *
  * NOW: one system call here (transfer_once); on EAGAIN the caller waits for readiness. RING: the
  * backend does it and the kernel waits, with the loop's own wait (a socket's write: no system call
- * of its own, ~10 % less CPU per keep-alive request than trying first, bin/bench http-keepalive).
- * RING_NOWAIT: a selector's one try at writing to a socket (length 0, as Ruby's IO#write asks) goes
- * to the ring told not to wait: a whole turn's sends reach the kernel in one system call (sent one
- * by one, each woke the peer on its own: ~20 % more CPU per request under Falcon). READ_NOW: the
- * backend's read_now tries it at once while that tends to find data (then no trip through the ring
- * and no fiber switch). A write to anything but a socket (a log file, a pipe, $stdout) is tried at
- * once first, as on the other backends: a fiber suspended in the ring would hold Ruby's write lock
- * on the IO all the while, and the thread's own writes to it (its puts) raised ThreadError; once it
- * meets EAGAIN, the ring waits for room. A positioned try on anything but a file goes to
- * pread(2)/pwrite(2), which fail as Ruby expects. */
+ * of its own, cheaper than trying first). RING_NOWAIT: a selector's one try at writing to a socket
+ * (length 0, as Ruby's IO#write asks) goes to the ring told not to wait: a whole turn's sends reach
+ * the kernel in one system call (sent one by one, each would wake the peer on its own). READ_NOW:
+ * the backend's read_now tries it at once while that tends to find data (then no trip through the
+ * ring and no fiber switch). A write to anything but a socket (a log file, a pipe, $stdout) is
+ * tried at once first, as on the other backends: a fiber suspended in the ring would hold Ruby's
+ * write lock on the IO all the while, and the thread's own writes to it (its puts) would raise
+ * ThreadError; once it meets EAGAIN, the ring waits for room. A positioned try on anything but a
+ * file goes to pread(2)/pwrite(2), which fail as Ruby expects. */
 enum route { ROUTE_NOW, ROUTE_RING, ROUTE_RING_NOWAIT, ROUTE_READ_NOW };
 
 static inline enum route

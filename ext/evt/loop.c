@@ -23,11 +23,12 @@
  * EVT_RUN_DEFAULT and EVT_RUN_UNTIL; EVT_RUN_ONCE and EVT_RUN_ALONE are shorter (see each).
  *
  * A turn that waits for a timer asks the kernel to end the wait a little early, by how late such
- * waits end on average here, and spins the rest (at most EVT_SPIN_MAX_NS): see wait_out_timer.
+ * waits have been ending on average, and spins the rest (at most EVT_SPIN_MAX_NS): see
+ * wait_out_timer.
  *
  * The kernel is asked before the timers fire: an event that came before a waiter's deadline wakes
- * it as ready, however long the fibers of the turn kept the loop from looking (a busy loop timed
- * out readers whose data had long arrived: redis-client's reads under 8,192 connections).
+ * it as ready, however long the fibers of the turn kept the loop from looking (else a busy loop
+ * would time out readers whose data had long arrived).
  */
 #include "core.h"
 #include "registration.h"
@@ -59,7 +60,7 @@ switch_to(struct evt_loop *loop, VALUE fiber)
 /* Raises exception in fiber from the loop fiber: a switch to it, as switch_to's, so `current` names
  * it until it waits again or ends (when control comes back here). Else the fiber's unwinding would
  * take whichever fiber `current` named last for the one that switched to it, and ready that one in
- * the middle of its own wait (seen: an io_uring read cancelled by its own fiber, Errno::ECANCELED). */
+ * the middle of its own wait. */
 static void
 raise_into(struct evt_loop *loop, VALUE fiber, VALUE exception)
 {
@@ -263,11 +264,10 @@ fire_timers(struct evt_loop *loop, int64_t now)
  *
  * A kernel wait with a timeout ends late: the thread's timer slack (50 µs by default, which epoll and
  * poll add to every timeout) and the time the kernel takes to wake an idle CPU (tens of µs in a VM).
- * A fiber's sleep 0.002 then woke a median 76-166 µs late. The loop tightens its thread's slack to
- * EVT_TIMER_SLACK_NS while it uses it (restored when its kernel objects close), learns how late its
- * timed waits end (a running average, capped), asks the kernel for that much less, and spins the
- * remainder on the clock: a few tens of µs per timer, never more than EVT_SPIN_MAX_NS, and nothing
- * while no timer is near, so an idle sleeper costs no CPU. */
+ * The loop tightens its thread's slack to EVT_TIMER_SLACK_NS while it uses it (restored when its
+ * kernel objects close), learns how late its timed waits end (a running average, capped), asks the
+ * kernel for that much less, and spins the remainder on the clock: a few tens of µs per timer, never
+ * more than EVT_SPIN_MAX_NS, and nothing while no timer is near, so an idle sleeper costs no CPU. */
 #define EVT_TIMER_SLACK_NS 1000
 #define EVT_SPIN_MAX_NS 100000
 
@@ -459,8 +459,8 @@ collect(struct evt_loop *loop, int64_t timeout, struct evt_run *run)
 
 /* A readiness backend's wait filled the array: more events may wait in the kernel. When timers are
  * due, they are collected first (a few more looks, each with a larger array), so that no waiter
- * times out on an event the kernel already had: thousands of readers whose data came together
- * timed out all but the first 64. */
+ * times out on an event the kernel already had (when thousands of readers get their data
+ * together, most are not in the first array). */
 static void
 collect_before_timers(struct evt_loop *loop, struct evt_run *run)
 {

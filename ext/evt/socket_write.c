@@ -6,15 +6,14 @@
  *   newline) with one writev(2) of every string; under a scheduler it hands the scheduler's io_write
  *   one string at a time instead (io.c: rb_writev_internal passes only the first iovec). On a TCP
  *   socket with Nagle's algorithm on, the second segment then waits for the peer's ACK of the first,
- *   which a peer that delays its ACKs sends some 40 ms later: a request-response round trip goes
- *   from 0.2 ms to 40 ms.
+ *   which a peer that delays its ACKs sends some 40 ms later: every request-response round trip
+ *   then takes those 40 ms.
  * - One string, the common case (a response). Ruby's way to the scheduler takes the IO's write lock
  *   (a Mutex; unlocking one walks every mutex the thread holds, and thousands of fibers suspended in
  *   writes each hold one), wraps the string in an IO::Buffer (an object per write, for the GC), and
  *   calls io_write, which on io_uring suspends the fiber until the ring's completion. A socket with
  *   room takes the bytes at once: one send(2) with MSG_DONTWAIT here does the same work in one
- *   system call (wrk -c100 on bench/http_server.rb, medians of 3: 9.3 to 7.7 µs of CPU per request
- *   on io_uring, 10.0 to 8.8 on epoll).
+ *   system call.
  *
  * Evt::SocketWrite is prepended to BasicSocket (lib/evt/socket_write.rb). Its #write, for up to
  * SOCKET_WRITE_MAX Strings on a synchronous socket with no write conversion and no write under way,
@@ -36,13 +35,13 @@
 /* More strings than this go to Ruby's path: a write of that many pieces is rare. */
 #define SOCKET_WRITE_MAX 16
 
-/* Whether Ruby's own write of these strings would be one writev(2) without conversion, and may
- * go now: a synchronous IO with nothing buffered, in binary or no encoding, no decorator, and no
- * other write holding its lock. */
 /* Evt::Scheduling, which both of evt's schedulers (on the C loop and on the pure-Ruby one) include:
  * defined here, reopened by lib/evt/scheduler.rb. */
 static VALUE mScheduling = Qnil;
 
+/* Whether Ruby's own write of these strings would be one writev(2) without conversion, and may
+ * go now: a synchronous IO with nothing buffered, in binary or no encoding, no decorator, and no
+ * other write holding its lock. */
 static int
 writes_as_is(VALUE io, rb_io_t *fptr)
 {
