@@ -1,5 +1,5 @@
 # frozen_string_literal: true
 
 module Evt
-  VERSION = "0.1.0"
+  VERSION = "0.5.0"
 end
