@@ -32,6 +32,8 @@ end
 require_relative "driver/runner"
 require_relative "driver/tools"
 require_relative "driver/report"
+require_relative "driver/record"
+require_relative "driver/markdown"
 require_relative "scenarios/http"
 require_relative "scenarios/processes"
 require_relative "scenarios/falcon"
@@ -80,6 +82,7 @@ module Bench
     include Runner
     include Tools
     include Report
+    include Record
     include HttpScenarios
     include ProcessScenarios
     include FalconScenario
@@ -89,6 +92,7 @@ module Bench
     def initialize(argv)
       @options = {quick: false, json: File.join(ROOT, "bench/results/latest.json"),
                   svg: File.join(ROOT, "bench/results/latest.svg"), only: SCENARIOS, subjects: nil, duration: nil, repeat: 1, yjit: false}
+      @argv = argv.dup
       begin
         parse(argv)
       rescue OptionParser::ParseError => e
@@ -102,6 +106,8 @@ module Bench
       @cores = Etc.nprocessors
       @results = []
       @started = clock
+      @started_at = Time.now.utc
+      @git = git_state
     end
 
     def call
@@ -134,6 +140,8 @@ module Bench
         o.on("--quick", "the whole suite in about two minutes, smaller sizes") { @options[:quick] = true }
         o.on("--json FILE", "write the results here (bench/results/latest.json)") { |f| @options[:json] = File.expand_path(f) }
         o.on("--svg FILE", "write the chart here (bench/results/latest.svg)") { |f| @options[:svg] = File.expand_path(f) }
+        o.on("--report FILE", "write the Markdown report here (beside the JSON: bench/results/latest.md);",
+             "ruby bench/report.rb FILE.json makes one from any results file") { |f| @options[:report] = File.expand_path(f) }
         o.on("--only SCENARIO[,..]", Array, "scenarios: #{SCENARIOS.join(", ")} (all of them by default);",
              "falcon: Falcon and Itsi serving a Rack app (hello; sleep 1 ms) on io-event's selectors and evt's;",
              "rails: a Rails app (a 50 ms query; an instant answer) under Puma, and Falcon on io-event's and evt's;",

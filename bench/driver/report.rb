@@ -44,13 +44,13 @@ module Bench
     end
   end
 
-  def print_table(scenario)
-    return print_falcon if scenario == "falcon"
-    return print_rails if scenario == "rails"
-    return print_close_waiters if scenario == "close-waiters"
-    return print_soak if scenario == "soak"
+  # The columns of +scenario+'s table, [key, title, format] each: the table on stdout and the
+  # Markdown report (bench/driver/markdown.rb, as Report.table_columns) both take them from here.
+  # falcon's and rails' are those of each app's table; close-waiters and soak have layouts of their own.
+  def table_columns(scenario)
+    return FALCON_COLUMNS if scenario == "falcon"
+    return RailsScenario::COLUMNS if scenario == "rails"
 
-    rows = @results.select { |r| r[:scenario] == scenario }
     columns = if scenario == "http-cpu"
                 [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
                  [:errors, "errors", "%d"], [:rss_mb, "RSS MB", "%.1f"], [:rps_vs_first, "req/s x 1st", "%.2f"]]
@@ -81,6 +81,18 @@ module Bench
                    end)
               end
     columns << [:vs_best_peer, "x best peer", "%.2f"] unless CORE_SUBJECTS.key?(scenario)
+    columns
+  end
+  module_function :table_columns
+
+  def print_table(scenario)
+    return print_falcon if scenario == "falcon"
+    return print_rails if scenario == "rails"
+    return print_close_waiters if scenario == "close-waiters"
+    return print_soak if scenario == "soak"
+
+    rows = @results.select { |r| r[:scenario] == scenario }
+    columns = table_columns(scenario)
     puts
     puts "#{scenario} (#{description(scenario)}; lower #{metric(scenario)} is better)"
     puts format("%-13s", "subject") + columns.map { |_, title, _| format(" %13s", title) }.join
@@ -142,6 +154,7 @@ module Bench
 
     format(fmt, value)
   end
+  module_function :cell
 
   def print_close_waiters
     rows = @results.select { |r| r[:scenario] == "close-waiters" }
@@ -205,15 +218,15 @@ module Bench
   def write_outputs
     document = {ruby: RUBY_VERSION, yjit: @options[:yjit], cores: @cores, date: Time.now.utc.strftime("%Y-%m-%d"),
                 run: @options[:quick] ? "quick" : "full", http_duration_s: @size[:duration],
-                connections: @connections, descriptor_limit: @descriptors.slice(:before, :after), results: @results}
+                connections: @connections, descriptor_limit: @descriptors.slice(:before, :after), **provenance,
+                results: @results}
     document[:soak_duration_s] = @size[:soak] if @options[:only].include?("soak")
     [@options[:json], @options[:svg]].each { |f| Dir.mkdir(File.dirname(f)) unless Dir.exist?(File.dirname(f)) }
     File.write(@options[:json], "#{JSON.pretty_generate(document)}\n")
     charted = @results.reject { |r| r[:scenario] == "soak" }
-    return [@options[:json]] if charted.empty?
-
-    File.write(@options[:svg], Chart.new(document.merge(results: charted)).to_svg)
-    [@options[:json], @options[:svg]]
+    File.write(@options[:svg], Chart.new(document.merge(results: charted)).to_svg) unless charted.empty?
+    chart = @options[:svg] unless charted.empty?
+    [@options[:json], *chart, *write_report(chart)]
   end
   end
 end

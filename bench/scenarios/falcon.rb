@@ -21,6 +21,10 @@ module Bench
   # falcon: seconds a GET waits for its answer after each wrk run, and wrk's --timeout: a server that
   # stops answering fails its row rather than hanging it or passing with a few requests.
   FALCON_PROBE = 2
+  # falcon: the columns of each app's table (Report.table_columns).
+  FALCON_COLUMNS = [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
+                    [:errors, "errors", "%d"], [:vs_io_event, "x io-event", "%.2f"], [:rps_vs_io_event, "req/s x i-e", "%.2f"],
+                    [:loop, "loop", "%s"]].freeze
 
   # falcon: Falcon and Itsi serving Rack apps on io-event's selectors and on evt's.
   module FalconScenario
@@ -136,9 +140,7 @@ module Bench
 
   # A table per app; a failed row shows the start of its server's stderr.
   def print_falcon
-    columns = [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
-               [:errors, "errors", "%d"], [:vs_io_event, "x io-event", "%.2f"], [:rps_vs_io_event, "req/s x i-e", "%.2f"],
-               [:loop, "loop", "%s"]]
+    columns = table_columns("falcon")
     titles = FALCON_APPS.to_h { |app, title| [app, "falcon (#{title}) (#{description("falcon")}; lower cpu_us_per_req is better)"] }
     print_app_tables("falcon", titles, columns, NOTES["falcon"])
   end

@@ -23,6 +23,10 @@ module Bench
            "RUBYOPT=-revt/async, EVT_BACKEND); CPU us/req counts the server's process; x io-event: CPU us/req over " \
            "the best io-event row; req/s x puma: req/s over the best Puma row; a server's stderr: " \
            "tmp/bench/rails.<subject>.<app>.stderr)"
+    # The columns of each endpoint's table (Report.table_columns).
+    COLUMNS = [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.1f"], [:p99_ms, "p99 ms", "%.1f"],
+               [:errors, "errors", "%d"], [:pool, "pool", "%d"], [:vs_io_event, "x io-event", "%.2f"],
+               [:rps_vs_puma, "req/s x puma", "%.2f"]].freeze
 
     # Stand-in for a test: a server that cannot start fails the rows.
     Skipper = Struct.new(:run) do
@@ -121,9 +125,7 @@ module Bench
     end
 
     def print_rails
-      columns = [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.1f"], [:p99_ms, "p99 ms", "%.1f"],
-                 [:errors, "errors", "%d"], [:pool, "pool", "%d"], [:vs_io_event, "x io-event", "%.2f"],
-                 [:rps_vs_puma, "req/s x puma", "%.2f"]]
+      columns = table_columns("rails")
       titles = APPS.to_h do |app, (path, title, _)|
         [app, "rails: #{title}, GET #{path} (#{description("rails")}; lower cpu_us_per_req is better)"]
       end

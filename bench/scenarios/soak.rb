@@ -235,5 +235,6 @@ module Bench
     end
     lines
   end
+  module_function :soak_problems
   end
 end
