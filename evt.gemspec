@@ -15,7 +15,7 @@ Gem::Specification.new do |spec|
   spec.license = "MIT"
   spec.required_ruby_version = ">= 3.3"
 
-  spec.files = Dir["lib/**/*.rb", "ext/**/*.{c,h,rb}", "README.md", "CHANGELOG.md", "LICENSE"]
+  spec.files = Dir["lib/**/*.rb", "ext/**/*.{c,h,rb}", "sig/**/*.rbs", "README.md", "CHANGELOG.md", "LICENSE"]
   spec.require_paths = ["lib"]
   spec.extensions = ["ext/evt/extconf.rb"]
 end
