@@ -52,15 +52,21 @@ class ReadmeTest < Minitest::Test
 
   private
 
+  # Outside evt's own bundle (bin/test runs under `bundle exec`, whose variables would point the
+  # child's Bundler at evt's Gemfile.lock and rewrite it): the peers' bundle alone, frozen.
+  def peers_env
+    env = ENV.keys.grep(/\ABUNDLE_|\ARUBYOPT\z/).to_h { |key| [key, nil] }
+    env.merge("BUNDLE_GEMFILE" => PEERS_GEMFILE, "BUNDLE_PATH" => PEERS_GEMS, "BUNDLE_FROZEN" => "true")
+  end
+
   def run_example(code)
     env = {}
     ruby = [RbConfig.ruby, "-I#{File.join(ROOT, "lib")}"]
     if code.include?('require "async"')
       skip "async's selector needs the C extension (the pure-Ruby loop has none)" unless Evt.extension?
-      check, status = Open3.capture2e({"BUNDLE_GEMFILE" => PEERS_GEMFILE, "BUNDLE_PATH" => PEERS_GEMS},
-                                      RbConfig.ruby, "-S", "bundle", "check")
+      env = peers_env
+      check, status = Open3.capture2e(env, RbConfig.ruby, "-S", "bundle", "check")
       skip "async is not installed (bin/setup installs it with the peers' suites): #{check.lines.last}" unless status.success?
-      env = {"BUNDLE_GEMFILE" => PEERS_GEMFILE, "BUNDLE_PATH" => PEERS_GEMS}
       ruby << "-rbundler/setup"
     end
     out, status = Open3.popen2e(env, *ruby, "-W:no-experimental", "-e", code, chdir: Dir.tmpdir) do |stdin, output, waiter|

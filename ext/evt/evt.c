@@ -1,5 +1,9 @@
 /* Evt::Loop as Ruby sees it, besides the hooks (hooks.c): making one, running it, closing it,
- * starting fibers, and what it tells about itself; the backends this build has; Init_evt. */
+ * starting fibers, and what it tells about itself; the backends this build has; Init_evt.
+ *
+ * The API documentation (YARD) of Evt::Loop's public methods, these and io.c's and hooks.c's, is
+ * the @!parse block for Evt::Loop in lib/evt.rb: a public method added, renamed or removed here
+ * goes there too (test/yard_test.rb compares the two). */
 #include "core.h"
 #include "wait.h"
 #include "object.h"
@@ -196,19 +200,33 @@ loop_wakeup(VALUE self)
     return Qnil;
 }
 
+/*
+ * backend -> Symbol
+ *
+ * The name of the backend the loop runs on.
+ */
 static VALUE
 loop_backend(VALUE self)
 {
     return ID2SYM(rb_intern(evt_object_check(self)->kernel.backend->name));
 }
 
+/*
+ * closed? -> true or false
+ *
+ * Whether the kernel objects are released (#scheduler_close); a later use opens new ones.
+ */
 static VALUE
 loop_closed_p(VALUE self)
 {
     return evt_object_check(self)->kernel.data ? Qfalse : Qtrue;
 }
 
-/* The number of fibers suspended in the loop. */
+/*
+ * waiting -> Integer
+ *
+ * The number of fibers suspended in the loop.
+ */
 static VALUE
 loop_waiting(VALUE self)
 {
@@ -265,7 +283,11 @@ loop_initialize(VALUE self, VALUE name)
     return self;
 }
 
-/* Evt::Loop.backends -> the names of the backends this build has, fastest first. */
+/*
+ * Evt::Loop.backends -> Array
+ *
+ * The names of the backends this build has, fastest first, whether or not they can run here.
+ */
 static VALUE
 loop_s_backends(VALUE klass)
 {
@@ -274,7 +296,12 @@ loop_s_backends(VALUE klass)
     return names;
 }
 
-/* Evt::Loop.probe(name) -> nil when the backend can run here, else the reason it cannot. */
+/*
+ * Evt::Loop.probe(name) -> String or nil
+ *
+ * nil when the backend can run here, else the reason it cannot ("unknown backend" for a name this
+ * build does not have).
+ */
 static VALUE
 loop_s_probe(VALUE klass, VALUE name)
 {

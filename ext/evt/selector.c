@@ -14,7 +14,10 @@
  *   - yield, resume and raise put the calling fiber in the ready queue as a stack waiter that
  *     leaves it however the fiber comes back (evt_wait_yield/evt_wait_start), push puts any object
  *     answering alive? and transfer there;
- *   - a wait made by the loop fiber itself blocks it, as without a scheduler. */
+ *   - a wait made by the loop fiber itself blocks it, as without a scheduler.
+ *
+ * YARD documents Evt::Selector from this file (.yardopts): each public method's comment below is a
+ * `call-seq:` block, in Markdown, with YARD tags where they help. */
 #include "core.h"
 #include "wait.h"
 #include "object.h"
@@ -119,7 +122,8 @@ selector_attach(VALUE self, VALUE loop_value, VALUE loop_fiber)
 }
 
 /*
- * loop -> Fiber
+ * call-seq:
+ *   loop -> Fiber
  *
  * The fiber that calls #select, given to ::new.
  */
@@ -130,10 +134,11 @@ selector_loop(VALUE self)
 }
 
 /*
- * transfer -> Object
+ * call-seq:
+ *   transfer -> Object
  *
  * Switches to the loop fiber; the current fiber goes on when something transfers back to it (a push,
- * an event, a resume). On the loop fiber itself: returns nil at once.
+ * an event, a resume), with what was transferred. On the loop fiber itself: returns nil at once.
  */
 static VALUE
 selector_transfer(VALUE self)
@@ -144,9 +149,12 @@ selector_transfer(VALUE self)
 }
 
 /*
- * yield -> nil
+ * call-seq:
+ *   yield -> nil
  *
  * Lets the loop run the others: the current fiber goes on in the next #select.
+ *
+ * @raise [IOError] the selector is closed
  */
 static VALUE
 selector_yield(VALUE self)
@@ -174,10 +182,13 @@ start(int argc, VALUE *argv, VALUE self, int raise)
 }
 
 /*
- * resume(fiber, *arguments) -> Object
+ * call-seq:
+ *   resume(fiber, *arguments) -> Object
  *
- * Transfers to +fiber+ with +arguments+ now; the current fiber waits in the ready queue and goes on
+ * Transfers to `fiber` with `arguments` now; the current fiber waits in the ready queue and goes on
  * in a later #select, unless something transfers to it first. Returns what is transferred back.
+ *
+ * @raise [IOError] the selector is closed
  */
 static VALUE
 selector_resume(int argc, VALUE *argv, VALUE self)
@@ -186,9 +197,13 @@ selector_resume(int argc, VALUE *argv, VALUE self)
 }
 
 /*
- * raise(fiber, *arguments, **options) -> Object
+ * call-seq:
+ *   raise(fiber, *arguments, **options) -> Object
  *
- * As #resume, raising in +fiber+ (Fiber#raise with the same arguments and keywords, cause: included).
+ * As #resume, raising in `fiber` (Fiber#raise with the same arguments and keywords, `cause:`
+ * included).
+ *
+ * @raise [IOError] the selector is closed
  */
 static VALUE
 selector_raise(int argc, VALUE *argv, VALUE self)
@@ -197,10 +212,11 @@ selector_raise(int argc, VALUE *argv, VALUE self)
 }
 
 /*
- * push(fiber) -> nil
+ * call-seq:
+ *   push(fiber) -> nil
  *
- * Transfers to +fiber+ in the next #select, unless it has ended by then; +fiber+ may be any object
- * answering alive? and transfer. From any thread (then call #wakeup).
+ * Transfers to `fiber` in the next #select, unless it has ended by then; `fiber` may be any object
+ * answering `alive?` and `transfer`. From any thread (then call #wakeup).
  */
 static VALUE
 selector_push(VALUE self, VALUE fiber)
@@ -211,7 +227,8 @@ selector_push(VALUE self, VALUE fiber)
 }
 
 /*
- * ready? -> true or false
+ * call-seq:
+ *   ready? -> true or false
  *
  * Whether fibers wait in the ready queue.
  */
@@ -222,11 +239,15 @@ selector_ready_p(VALUE self)
 }
 
 /*
- * select(duration) -> Integer
+ * call-seq:
+ *   select(duration) -> Integer
  *
- * One turn: the fibers that were ready, then the events, waiting for them up to +duration+ seconds
+ * One turn: the fibers that were ready, then the events, waiting for them up to `duration` seconds
  * (nil: no limit, 0: not at all) only when there was nothing else to do. Returns the number of
  * fibers the events resumed; 0 when the wait was interrupted (the interrupt stays pending).
+ *
+ * @raise [IOError] the selector is closed
+ * @raise [TypeError] `duration` is neither nil nor Numeric
  */
 static VALUE
 selector_select(VALUE self, VALUE duration)
@@ -244,7 +265,8 @@ selector_select(VALUE self, VALUE duration)
 }
 
 /*
- * idle_duration -> Float
+ * call-seq:
+ *   idle_duration -> Float
  *
  * Seconds the last #select spent waiting in the kernel (0.0 when it did not wait).
  */
@@ -255,7 +277,8 @@ selector_idle_duration(VALUE self)
 }
 
 /*
- * wakeup -> true or false
+ * call-seq:
+ *   wakeup -> true or false
  *
  * From any thread: ends the wait of a #select in progress (true), else does nothing (false).
  */
@@ -266,9 +289,13 @@ selector_wakeup(VALUE self)
 }
 
 /*
- * close -> nil
+ * call-seq:
+ *   close -> nil
  *
- * Releases the kernel objects (in a forked child, only its own copies of them).
+ * Releases the kernel objects (in a forked child, only its own copies of them). The fibers still
+ * suspended in the selector are not resumed by it any more. Closing again does nothing.
+ *
+ * @raise [ThreadError] called from another thread than the loop fiber's
  */
 static VALUE
 selector_close(VALUE self)
@@ -286,9 +313,10 @@ selector_close(VALUE self)
 }
 
 /*
- * closed? -> true or false
+ * call-seq:
+ *   closed? -> true or false
  *
- * After #close, and in a forked child (the kernel objects are the parent's).
+ * True after #close, and in a forked child (the kernel objects are the parent's).
  */
 static VALUE
 selector_closed_p(VALUE self)
@@ -298,10 +326,13 @@ selector_closed_p(VALUE self)
 }
 
 /*
- * io_wait(fiber, io, events) -> Integer or false
+ * call-seq:
+ *   io_wait(fiber, io, events) -> Integer or false
  *
- * Waits until +io+ has one of +events+ (IO::READABLE, IO::PRIORITY, IO::WRITABLE): returns those that
+ * Waits until `io` has one of `events` (IO::READABLE, IO::PRIORITY, IO::WRITABLE): returns those that
  * are ready, or false when the fiber was resumed for something else.
+ *
+ * @raise [IOError] the selector is closed, or `io` was closed while the fiber waited
  */
 static VALUE
 selector_io_wait(VALUE self, VALUE fiber, VALUE io, VALUE events)
@@ -367,11 +398,14 @@ transfer_minimum(int argc, VALUE *argv, VALUE self, int events)
 }
 
 /*
- * io_read(fiber, io, buffer, length, offset = 0) -> Integer
+ * call-seq:
+ *   io_read(fiber, io, buffer, length, offset = 0) -> Integer
  *
- * Ruby 3.3 to 4.0's (Ruby 4.1: see io_read_single). Reads into +buffer+ from +offset+ at least +length+
- * bytes (0: one read, -EAGAIN when nothing is there), up to the end of the buffer, waiting as needed.
- * Returns the bytes read (0: end of file) or -errno.
+ * Reads into the IO::Buffer `buffer` from `offset` at least `length` bytes (0: one read, -EAGAIN
+ * when nothing is there), up to the end of the buffer, waiting as needed. Returns the bytes read
+ * (0: end of file) or -errno. That is Ruby 3.3 to 4.0's io_read; built for Ruby 4.1 (scheduler
+ * interface 4), io_read is `io_read(fiber, io, buffer, offset, length)`, one read of at most
+ * `length` bytes, or -EAGAIN.
  */
 static VALUE
 selector_io_read_minimum(int argc, VALUE *argv, VALUE self)
@@ -380,10 +414,12 @@ selector_io_read_minimum(int argc, VALUE *argv, VALUE self)
 }
 
 /*
- * io_write(fiber, io, buffer, length, offset = 0) -> Integer
+ * call-seq:
+ *   io_write(fiber, io, buffer, length, offset = 0) -> Integer
  *
- * Writes from +buffer+ at +offset+ at least +length+ bytes, waiting as needed. Returns the bytes
- * written or -errno.
+ * Writes from the IO::Buffer `buffer` at `offset` at least `length` bytes, waiting as needed.
+ * Returns the bytes written or -errno. Built for Ruby 4.1, the arguments and the transfer are as
+ * for #io_read there.
  */
 static VALUE
 selector_io_write_minimum(int argc, VALUE *argv, VALUE self)
@@ -392,9 +428,10 @@ selector_io_write_minimum(int argc, VALUE *argv, VALUE self)
 }
 
 /*
- * io_pread(fiber, io, buffer, from, length, offset) -> Integer
+ * call-seq:
+ *   io_pread(fiber, io, buffer, from, length, offset) -> Integer
  *
- * As #io_read, at file position +from+ (which does not move).
+ * As #io_read, at file position `from` (which does not move).
  */
 static VALUE
 selector_io_pread_minimum(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)
@@ -403,9 +440,10 @@ selector_io_pread_minimum(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE
 }
 
 /*
- * io_pwrite(fiber, io, buffer, from, length, offset) -> Integer
+ * call-seq:
+ *   io_pwrite(fiber, io, buffer, from, length, offset) -> Integer
  *
- * As #io_write, at file position +from+ (which does not move).
+ * As #io_write, at file position `from` (which does not move).
  */
 static VALUE
 selector_io_pwrite_minimum(VALUE self, VALUE fiber, VALUE io, VALUE buffer, VALUE from, VALUE length, VALUE offset)

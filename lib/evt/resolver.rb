@@ -6,8 +6,10 @@ module Evt
   # Resolves host names for {Scheduler#address_resolve} on a few threads of its own: getaddrinfo(3)
   # blocks one of them, not the loop. A fiber asking waits on a queue; the thread that answers
   # unblocks it through the loop. Threads start on first use, after a fork too, and end with {#close}.
+  # @api private
   class Resolver
     # @param size [Integer] how many names may be resolved at once
+    # @raise [ArgumentError] size is not a positive Integer
     def initialize(size: 4)
       raise ArgumentError, "evt: resolver size must be positive" unless size.is_a?(Integer) && size.positive?
 
@@ -17,7 +19,10 @@ module Evt
       @pid = nil
     end
 
-    # @return [Array<String>] the addresses of +hostname+ (a "%zone" suffix is dropped: Ruby parses
+    # Resolves `hostname` on one of the threads while the calling fiber waits; a numeric address
+    # at once, on the calling thread.
+    # @param hostname [String]
+    # @return [Array<String>] the addresses of `hostname` (a "%zone" suffix is dropped: Ruby parses
     #   the addresses again, as numbers, and a scope cannot come through).
     # @raise [Socket::ResolutionError] as getaddrinfo would for an unknown name
     def resolve(hostname)
@@ -34,6 +39,8 @@ module Evt
       addresses
     end
 
+    # Ends the threads (each finishes the name it resolves); the next {#resolve} starts new ones.
+    # @return [void]
     def close
       @requests&.close
       @requests = nil

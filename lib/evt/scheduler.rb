@@ -1,12 +1,17 @@
 # frozen_string_literal: true
 
 module Evt
-  # Process.wait and friends for {Scheduler} and {Selector}: waits for +pid+ without blocking the
+  # Process.wait and friends for {Scheduler} and {Selector}: waits for `pid` without blocking the
   # other fibers. A child process is watched by the loop: waitid in the ring (io_uring, Linux 6.7),
   # else a pidfd it polls. Any child (pid <= 0), stop and continue reports, or a kernel with neither
   # take a thread instead (killed if the wait is interrupted). The includer defines wait_readable(io).
   module ProcessWaiting
-    # @return [Process::Status] (a status with pid -1 for "no such child", from which Ruby raises)
+    # Hook (Process.wait, Process.wait2, Process::Status.wait): waits for child `pid` while the
+    # other fibers run.
+    # @param pid [Integer] as Process.wait takes it (<= 0: any child of a group)
+    # @param flags [Integer] Process::WNOHANG, Process::WUNTRACED, or'ed
+    # @return [Process::Status, nil] nil with WNOHANG when no child has ended; a status with pid -1
+    #   for "no such child", from which Ruby raises
     def process_wait(pid, flags)
       status = Process::Status.wait(pid, flags | Process::WNOHANG)
       return status if status || flags.anybits?(Process::WNOHANG)
@@ -28,7 +33,7 @@ module Evt
 
     private
 
-    # Waits in the loop until child +pid+ has ended (or is gone); false when the loop has no way to
+    # Waits in the loop until child `pid` has ended (or is gone); false when the loop has no way to
     # watch a process.
     def wait_for_exit(pid)
       exited = wait_child_exit(pid)
@@ -44,9 +49,14 @@ module Evt
   end
 
   # The hooks written in Ruby, shared by {Scheduler} (on the C loop) and {SelectScheduler} (on the
-  # pure-Ruby loop). Prepended to each, so its methods come before the loop's, whichever loop that
-  # is, and `super` reaches that loop.
+  # pure-Ruby loop), and the methods code that drives a scheduler calls ({#close}, {#kill_all},
+  # {#pool_size}). Prepended to each, so its methods come before the loop's, whichever loop that
+  # is, and `super` reaches that loop. `is_a?(Evt::Scheduling)` tells either scheduler.
   module Scheduling
+    # Takes the `pool_size:` option of {Scheduler.new} and {SelectScheduler#initialize
+    # SelectScheduler.new}; the others go on to the class's own initialize.
+    # @param arguments [Array] for the class's initialize
+    # @param options [Hash] for the class's initialize (`backend:`)
     # @param pool_size [Integer, nil] threads for blocking operations ({#blocking_operation_wait},
     #   Ruby 3.4); 0 runs them on the loop's thread, as without a scheduler. nil: EVT_POOL_SIZE from
     #   the environment if set, else one per core.
@@ -67,10 +77,15 @@ module Evt
     # Fiber Scheduler: each command stops the whole loop until Redis answers (a BLPOP for its whole
     # timeout). Said once per process, when a scheduler starts with hiredis as redis-client's
     # default driver, or when a hiredis connection opens under evt; one check each, nothing per command.
+    # @api private
     HIREDIS_WARNING = "evt: hiredis-client's driver waits for Redis with rb_thread_fd_select, which Ruby does not " \
                       "hand to a Fiber Scheduler: every Redis command stops this thread's loop until Redis answers. " \
                       "Use redis-client's pure-Ruby driver (RedisClient.default_driver = :ruby, or driver: :ruby)"
 
+    # Warns once if redis-client's default driver is hiredis, and has each hiredis connection made
+    # under evt warn (see {HIREDIS_WARNING}).
+    # @api private
+    # @return [void]
     def self.warn_about_hiredis
       return unless defined?(::RedisClient::HiredisConnection)
 
@@ -81,9 +96,12 @@ module Evt
     end
 
     # Prepended to RedisClient::HiredisConnection once a scheduler has seen it loaded.
+    # @api private
     module HiredisWarning
       @warned = false
 
+      # Prints {HIREDIS_WARNING}, the first time only.
+      # @return [void]
       def self.warn_once
         return if @warned
 
@@ -91,12 +109,18 @@ module Evt
         warn HIREDIS_WARNING
       end
 
+      # A hiredis connection made in a fiber of an evt scheduler warns, then connects as before.
       def initialize(...)
         HiredisWarning.warn_once if Fiber.current_scheduler.is_a?(Evt::Scheduling)
         super
       end
     end
 
+    # The pool size to use: `requested`, else EVT_POOL_SIZE, else one thread per core.
+    # @api private
+    # @param requested [Integer, nil]
+    # @return [Integer]
+    # @raise [ArgumentError] not an Integer >= 0
     def self.pool_size(requested)
       size = requested
       if size.nil?
@@ -110,7 +134,8 @@ module Evt
 
     # The hooks themselves: Evt::HOOKS (lib/evt/hooks.rb) lists each, with where it lives.
 
-    # Fiber.schedule: runs the block at once in a new non-blocking fiber, until it waits or ends.
+    # Hook (Fiber.schedule): runs the block at once in a new non-blocking fiber, until it waits or
+    # ends.
     #
     # An exception that ends the fiber goes where it would go without evt's help when the fiber was
     # scheduled by the thread's own, blocking code (as Ruby's reference scheduler has it): on to that
@@ -121,7 +146,10 @@ module Evt
     # signals always go on to the loop.
     #
     # Fiber.schedule's keywords (storage:) come as one Hash, or none: no Hash is made for none.
-    # @return [Fiber]
+    # @param options [Hash, nil] Fiber.new's keywords (`blocking: true` is refused)
+    # @yield the fiber's body
+    # @return [Fiber] the new fiber
+    # @raise [ArgumentError] no block, or `blocking: true`
     def fiber(options = nil, &block)
       raise ArgumentError, "evt: Fiber.schedule needs a block" unless block
       raise ArgumentError, "wrong number of arguments (given 1, expected 0)" unless options.nil? || options.is_a?(Hash)
@@ -136,9 +164,13 @@ module Evt
     end
 
     if RUBY_VERSION < "3.4"
-      # Ruby 3.3 turns a false from io_wait into EAGAIN when a read or write waited under the IO's
-      # own #timeout (3.4 raises IO::TimeoutError itself). Raise it here, as Ruby does without a
-      # scheduler; the cost: IO#wait_readable with no argument raises too instead of giving nil.
+      # Hook, Ruby 3.3 only: the loop's io_wait, raising IO::TimeoutError where the IO's own
+      # #timeout ran out. Ruby 3.3 turns a false from io_wait into EAGAIN when a read or write
+      # waited under the IO's own #timeout (3.4 raises IO::TimeoutError itself). Raise it here, as
+      # Ruby does without a scheduler; the cost: IO#wait_readable with no argument raises too
+      # instead of giving nil.
+      # @return [Integer, false] the events that are ready, or false when a timeout given ran out
+      # @raise [IO::TimeoutError] the IO's own #timeout ran out
       def io_wait(io, events, timeout)
         result = super
         if result == false && timeout.nil? && io.is_a?(IO) && io.timeout
@@ -151,11 +183,14 @@ module Evt
 
     include ProcessWaiting
 
-    # Ruby 3.4 asks here to run a C function that would block the thread without the GVL (zlib,
-    # large IO::Buffer copies, big-integer division, file I/O): on the {WorkerPool}'s threads, in
-    # parallel with the loop, while the calling fiber waits and the others run. With pool_size 0,
-    # on this thread, as without a scheduler.
-    # @param work [Proc] called once, on the thread that runs the operation
+    # Hook (Ruby 3.4+): Ruby asks here to run a C function that would block the thread without the
+    # GVL (zlib, large IO::Buffer copies, big-integer division, file I/O): on the {WorkerPool}'s
+    # threads, in parallel with the loop, while the calling fiber waits and the others run. With
+    # pool_size 0, on this thread, as without a scheduler.
+    # @param work [Proc, Fiber::Scheduler::BlockingOperation] called (or executed) once, on the
+    #   thread that runs the operation; Ruby 4.0 hands a BlockingOperation
+    # @return [Object] what Ruby expects of the hook; the operation's own result goes through its
+    #   state
     def blocking_operation_wait(work)
       # Here, on this thread (blocking: else Ruby comes back here), without a pool, and for the
       # close(2) of IO#close, which returns at once where a worker would cost two thread switches
@@ -165,26 +200,30 @@ module Evt
       (@pool ||= WorkerPool.new(@pool_size)).run(work)
     end
 
-    # Ruby 4.0's yield hook, which Ruby calls when a signal arrives while a fiber runs a blocking
+    # Hook (Ruby 4.0+), which Ruby calls when a signal arrives while a fiber runs a blocking
     # operation, so that a scheduler holding signals back (as async does) gets to look at them; also
     # the method Async::Scheduler and Itsi::Scheduler give the code that drives a scheduler itself,
     # to let the other fibers run for a moment. Itsi's server (itsi-server, with `fiber_scheduler
     # "Evt::Scheduler"`) calls it from its request-pulling fiber whenever requests are still queued
-    # after a batch; without it the NoMethodError silently ended that fiber, and with it the server.
-    # As sleep(0): the ready fibers run and the loop looks at the kernel's events (without waiting)
-    # before this fiber carries on.
+    # after a batch: a scheduler without it ends that fiber with a NoMethodError, and the server
+    # with it. As sleep(0): the ready fibers run and the loop looks at the kernel's events (without
+    # waiting) before this fiber carries on.
     # @return [nil]
     def yield
       kernel_sleep(0)
     end
 
-    # Timeout.timeout. Without a class of the caller's, the timeout library hands a scheduler
+    # Hook (Timeout.timeout). Without a class of the caller's, the timeout library hands a scheduler
     # Timeout::Error itself, which the code inside the block may rescue: Net::HTTP rescues it as a
     # retryable error and sends its request again, outside the timeout's reach. Ruby without a
     # scheduler raises an internal Timeout::ExitException there, which no `rescue StandardError`
     # catches, and turns it into Timeout::Error only where the block ends; so does evt. (A caller
     # that names Timeout::Error itself gets the same, where Ruby would raise it inside the block:
     # the timeout library passes both alike.) Any other class is raised inside the block, as Ruby does.
+    # @param duration [Numeric, nil] seconds
+    # @param exception_class [Class, String] what to raise, with `arguments`
+    # @yieldparam duration [Numeric, nil]
+    # @return [Object] the block's value
     def timeout_after(duration, exception_class, *arguments, &block)
       return super unless exception_class.equal?(::Timeout::Error) && defined?(::Timeout::ExitException)
 
@@ -201,16 +240,21 @@ module Evt
     # @return [Integer] the threads for blocking operations (0: none)
     attr_reader :pool_size
 
-    # Name resolution (Addrinfo.getaddrinfo, TCPSocket.new, ...) on the {Resolver}'s threads.
+    # Hook (Addrinfo.getaddrinfo, TCPSocket.new, ...): resolves `hostname` on the {Resolver}'s
+    # threads while the other fibers run.
+    # @param hostname [String]
     # @return [Array<String>] addresses
+    # @raise [Socket::ResolutionError] the name is unknown, as getaddrinfo would raise
     def address_resolve(hostname)
       (@resolver ||= Resolver.new).resolve(hostname)
     end
 
-    # Runs every fiber to completion, releases the kernel objects and the resolver's and the worker
+    # Hook (Ruby calls it when the thread ends or Fiber.set_scheduler replaces this scheduler): runs
+    # every fiber to completion, releases the kernel objects and the resolver's and the worker
     # pool's threads. When Thread#kill is ending the thread, its fibers are ended instead (their
     # ensure clauses run), as Ruby ends a process's other threads: running them to completion could
     # wait forever.
+    # @return [nil]
     def scheduler_close
       kill_all if Thread.current.status == "aborting"
       super
@@ -221,6 +265,7 @@ module Evt
 
     # Runs every fiber to completion and releases the kernel objects. As the thread's scheduler, it
     # is unset first (Ruby then calls {#scheduler_close}).
+    # @return [nil]
     def close
       return Fiber.set_scheduler(nil) if Fiber.scheduler.equal?(self)
 
@@ -228,7 +273,8 @@ module Evt
     end
 
     # Ends every fiber suspended in the loop, running their ensure clauses (Fiber#kill), as Ruby ends
-    # a process's other threads. For a loop torn down by an exception.
+    # a process's other threads. For a loop torn down by an exception ({Evt.run} calls it then).
+    # @return [nil]
     def kill_all
       suspended_fibers.each { |fiber| fiber.kill if fiber.alive? }
       nil
@@ -236,7 +282,7 @@ module Evt
 
     private
 
-    # Starts +fiber+; with no memory for its stack (FiberError), once more after a garbage collection:
+    # Starts `fiber`; with no memory for its stack (FiberError), once more after a garbage collection:
     # CRuby gives the stack of a fiber that ended back only when the Fiber is collected, and fibers
     # switched to with transfer, as scheduled ones are, end without a resume that would give it
     # back at once. A fiber that did start (its own FiberError) is not started again.
@@ -283,8 +329,12 @@ module Evt
     end
   end
 
-  # How a scheduler class picks its backend: shared by {Scheduler} and {SelectScheduler}.
+  # How a scheduler class picks its backend: shared by {Scheduler} and {SelectScheduler}, which
+  # extend it (Evt::Scheduler.availables).
   module Choosing
+    # The backends a scheduler can run on here.
+    # @example
+    #   Evt::Scheduler.availables # => [:io_uring, :epoll, :poll, :select] on a recent Linux
     # @return [Array<Symbol>] the backends that can run on this machine, fastest first (`select`
     #   is always there, and last: the pure-Ruby loop has it where the C loop does not).
     def availables
@@ -316,24 +366,50 @@ module Evt
   end
 
   # A Fiber Scheduler: `Fiber.set_scheduler(Evt::Scheduler.new)` makes every blocking operation in a
-  # non-blocking fiber of this thread wait in the event loop, while the other fibers run.
+  # non-blocking fiber of this thread wait in the event loop, while the other fibers run. {Evt.run}
+  # is the short form. A scheduler belongs to the thread that uses it.
+  #
+  # Options of {Scheduler.new}, both with a default from the environment:
+  # - `backend:` the event mechanism, :io_uring, :epoll, :poll or :select; default EVT_BACKEND, else
+  #   the fastest that runs here ({Choosing#availables Scheduler.availables} lists them, fastest
+  #   first; {Loop#backend #backend} names the one in use);
+  # - `pool_size:` threads for the blocking operations Ruby 3.4+ hands to the scheduler (zlib, large
+  #   IO::Buffer copies); default EVT_POOL_SIZE, else one per core; 0 runs them on the loop's
+  #   thread.
   #
   # The hooks Ruby calls on the hot path live in C, in {Evt::Loop} (ext/evt/io.c, hooks.c); the
   # pure-Ruby loop has them in Ruby ({SelectLoop}). The hooks written in Ruby for every loop are in
-  # {Scheduling}. Evt::HOOKS (lib/evt/hooks.rb) lists every hook once, with where it lives.
+  # {Scheduling}. {Evt::HOOKS} lists every hook once, with where it lives (docs/hooks.md shows it
+  # as a table).
   #
   # The `select` backend is select(2) in the C loop where the extension has it (Linux builds); where
   # the extension is not loaded, Evt::Loop is the pure-Ruby loop ({SelectLoop}) and Evt::Scheduler
   # runs on it; {SelectScheduler} offers that loop on request.
+  #
+  # @example The standard interface
+  #   Fiber.set_scheduler(Evt::Scheduler.new)
+  #   Fiber.schedule { sleep 0.2 }
+  #   Fiber.schedule { sleep 0.2 }
+  #   Fiber.set_scheduler(nil) # runs the loop until both fibers are done: 0.2 s, not 0.4
+  # @example Options
+  #   scheduler = Evt::Scheduler.new(backend: :epoll, pool_size: 2)
+  #   scheduler.backend   # => :epoll
+  #   scheduler.pool_size # => 2
+  # @example A backend that cannot run here
+  #   Evt::Scheduler.new(backend: :kqueue)
+  #   # ArgumentError: evt: backend :kqueue is unknown; available: :io_uring, :epoll, :poll, :select
   class Scheduler < Loop
     prepend Scheduling
     extend Choosing
 
-    # @see #initialize
-    # @return [Scheduler, SelectScheduler] a {SelectScheduler} for the select backend where the C
-    #   extension is loaded but has no select backend of its own (not Linux).
-    # @raise [ArgumentError] a subclass asked for the select backend there (subclass
-    #   {SelectScheduler} for that).
+    # A new scheduler (see {#initialize} for the options).
+    # @overload new(backend: nil, pool_size: nil)
+    #   @param backend [Symbol, String, nil] see {#initialize}
+    #   @param pool_size [Integer, nil] see {#initialize}
+    #   @return [Scheduler, SelectScheduler] a {SelectScheduler} for the select backend where the C
+    #     extension is loaded but has no select backend of its own (not Linux).
+    #   @raise [ArgumentError] a subclass asked for the select backend there (subclass
+    #     {SelectScheduler} for that).
     def self.new(*arguments, **options, &block)
       if Evt.extension? && !Loop.backends.include?(:select) && choose_backend(options[:backend]) == :select
         unless equal?(Scheduler)
@@ -346,10 +422,17 @@ module Evt
       super
     end
 
-    # @param backend [Symbol, String, nil] the event mechanism: one of {availables}. nil takes
-    #   EVT_BACKEND from the environment if set, else the fastest available.
-    # @raise [ArgumentError] the backend is unknown or cannot run here.
-    # @raise [TypeError] backend is not a Symbol, String or nil.
+    # A scheduler on a loop of its own, for the current thread; the loop's kernel objects are opened
+    # now, the pool's and the resolver's threads when first needed.
+    # @overload initialize(backend: nil, pool_size: nil)
+    #   @param backend [Symbol, String, nil] the event mechanism: one of
+    #     {Choosing#availables availables}. nil takes EVT_BACKEND from the environment if set, else
+    #     the fastest available.
+    #   @param pool_size [Integer, nil] threads for blocking operations (taken by
+    #     {Scheduling#initialize}); 0: none, nil: EVT_POOL_SIZE if set, else one per core
+    #   @raise [ArgumentError] the backend is unknown or cannot run here, or pool_size is not an
+    #     Integer >= 0.
+    #   @raise [TypeError] backend is not a Symbol, String or nil.
     def initialize(backend: nil)
       super(self.class.send(:choose_backend, backend))
     end

@@ -38,24 +38,40 @@ module Evt
   # bytes) and Ruby 4.1's (one transfer, or -EAGAIN); io_read and io_write are this Ruby's, and the
   # private *_minimum and *_single methods, io_pread and io_pwrite's too, reach both on any Ruby.
   # Processes are waited for on a thread. Every wait allocates a few objects.
+  #
+  # Its public methods are those of {Evt::Loop}, with the same contracts: the hooks Ruby calls, and
+  # what code driving a scheduler calls ({#run}, {#wakeup}, {#backend}...).
   class SelectLoop
+    # The one backend of this loop.
+    # @api private
     BACKENDS = [:select].freeze
 
     # This Ruby's scheduler interface (RUBY_FIBER_SCHEDULER_VERSION, which the C loop binds at compile
     # time and Ruby code cannot see): from the header Ruby installed, where there is one; else 4 from
     # Ruby 4.1, the first with interface 4 (a 4.1 development build may still have 3).
+    # @api private
     INTERFACE = begin
       header = File.join(RbConfig::CONFIG["rubyhdrdir"], "ruby", "fiber", "scheduler.h")
       Integer(File.read(header)[/^#define RUBY_FIBER_SCHEDULER_VERSION (\d+)/, 1])
     rescue StandardError
       RUBY_VERSION >= "4.1" ? 4 : 3
     end
+    # The events io_wait knows; others are dropped.
+    # @api private
     EVENTS = IO::READABLE | IO::PRIORITY | IO::WRITABLE
-    FOREVER = 2**61 # nanoseconds: longer timeouts are this one (73 years), as in C
+    # The longest timeout, in nanoseconds (73 years): longer ones are this one, as in C.
+    # @api private
+    FOREVER = 2**61
 
-    # What a finished wait reports besides events (> 0) and "unblocked" (1), as in loop.h.
+    # What a finished wait reports besides events (> 0) and "unblocked" (1), as in loop.h: resumed
+    # for nothing (woken without its events, or yielding).
+    # @api private
     SPURIOUS = 0
+    # A finished wait's report: its time ran out.
+    # @api private
     TIMED_OUT = -1
+    # A finished wait's report: its IO was closed under it.
+    # @api private
     CLOSED = -2
 
     # @return [Array<Symbol>] the backends of this loop: [:select]
@@ -63,7 +79,10 @@ module Evt
       BACKENDS
     end
 
-    # @return [String, nil] nil when +name+ can run here, else why not
+    # Whether the backend `name` can run on this loop.
+    # @param name [Symbol, String]
+    # @return [String, nil] nil when `name` can run here, else why not
+    # @raise [TypeError] `name` is not a Symbol or String
     def self.probe(name)
       BACKENDS.include?(backend_name(name)) ? nil : "unknown backend"
     end

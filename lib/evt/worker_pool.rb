@@ -28,27 +28,45 @@ module Evt
   # the queue runs short, or at the latest {BATCH_DELAY} later (the flusher thread sees to that,
   # whatever the workers are doing). Longer operations, and those their fiber stopped waiting for,
   # are handed back at once: a Timeout around them must not fire in a wait that batching added.
-  # On bin/bench's blocking-ops this cut the context switches per run from 34,000 to 10,500 and
-  # the loop's wakeups from 4,000 to 1,100.
   #
   # Threads start on first use, after a fork too (a child has none), and end with {#close}.
+  # @api private
   class WorkerPool
     # Raised in a worker thread to stop the operation of a fiber that no longer waits for it.
     class Cancel < Exception; end # rubocop:disable Lint/InheritException -- not for user rescue
 
-    # One operation: queued, running (on +thread+), stopping (its fiber gave up on it while it ran),
+    # One operation: queued, running (on `thread`), stopping (its fiber gave up on it while it ran),
     # cancelled (given up before it ran: never runs) or done.
     Job = Struct.new(:work, :state, :thread, :error, :done)
 
     # Whether evt's build has the C API for Ruby 4.0's BlockingOperations (ext/evt/blocking.c).
+    #
+    # @!parse
+    #   # Ruby 4.0's Fiber::Scheduler::BlockingOperation run and cancelled through Ruby's C API,
+    #   # for the worker pool's threads (ext/evt/blocking.c; defined where Ruby has that API).
+    #   # @api private
+    #   module ::Evt::BlockingOperation
+    #     # @!method self.execute(operation)
+    #     #   Runs `operation` on the calling thread, without the GVL.
+    #     #   @return [Boolean] true when it ran to its end, false when it was cancelled before it
+    #     #     started or while it ran
+    #
+    #     # @!method self.cancel(operation)
+    #     #   From any thread: `operation` will not start if it has not, and is told to stop (its
+    #     #   unblock function) if it runs.
+    #     #   @return [Boolean] true when it runs, and whoever runs it must still be waited for
+    #   end
     NATIVE = defined?(Evt::BlockingOperation) ? true : false
     private_constant :NATIVE
 
-    # Seconds a finished operation's fiber may be kept waiting while the pool is saturated.
+    # Seconds a finished operation's fiber may be kept waiting while the pool is saturated (the
+    # default of `batch_delay:`).
     BATCH_DELAY = 0.002
-    # Seconds under which an operation's completion may be held at all.
+    # Seconds under which an operation's completion may be held at all (the default of
+    # `hold_under:`).
     SHORT = 0.001
 
+    # @return [Integer] how many operations may run at once
     attr_reader :size
 
     # @param size [Integer] how many operations may run at once (threads)
@@ -69,8 +87,10 @@ module Evt
       @held_since = nil
     end
 
-    # Runs +work+ on a worker thread; the current (scheduled) fiber waits. Returns what Ruby
-    # expects of the hook (work's own result goes through its state).
+    # Runs `work` on a worker thread; the current (scheduled) fiber waits.
+    # @param work [Proc, Fiber::Scheduler::BlockingOperation] as blocking_operation_wait gets it
+    # @return [true] what Ruby expects of the hook (work's own result goes through its state)
+    # @raise [Exception] what the operation raised on the worker thread
     def run(work)
       start unless @pid == Process.pid
       job = Job.new(work, :queued, nil, nil, Thread::Queue.new)
@@ -90,6 +110,7 @@ module Evt
     end
 
     # Ends the worker threads (each finishes the operation it runs).
+    # @return [nil]
     def close
       @jobs&.close
       @lock.synchronize { @flush.signal } # the flusher ends once the queue is closed
@@ -124,7 +145,7 @@ module Evt
 
     def clock = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-    # A job is done, after +took+ seconds: wake its fiber, with those held so far, unless it was
+    # A job is done, after `took` seconds: wake its fiber, with those held so far, unless it was
     # short, still awaited, and the workers have enough queued to go on without the loop (then hold
     # it; the first held wakes the flusher).
     def finished(job, jobs, took)
@@ -207,7 +228,7 @@ module Evt
       nil
     end
 
-    # The fiber waiting for +job+ was interrupted: drop the operation if no worker has it yet,
+    # The fiber waiting for `job` was interrupted: drop the operation if no worker has it yet,
     # else stop it and wait until the worker is done with it (and with the fiber's stack). That wait
     # blocks the thread rather than the fiber: a fiber switch would let anything that resumes the
     # fiber unwind it at once (Ruby re-raises Fiber#kill at every switch back into a killed fiber,

@@ -7,17 +7,7 @@ module Evt
   # One event loop per core: a supervisor process forks N worker processes, each running the block
   # in its own {Evt.run}, all serving the same listening socket(s) made before the fork (the kernel
   # hands each connection to one worker). The way Puma's cluster mode, Unicorn and Falcon run Ruby
-  # servers on every core, without touching the GVL.
-  #
-  #   server = TCPServer.new("0.0.0.0", 8080)
-  #   Evt::Workers.new(count: 4).run do |worker|
-  #     until worker.stopping?
-  #       client = server.accept
-  #       Fiber.schedule { serve(client) }
-  #     end
-  #   rescue IOError
-  #     nil # the listener was closed: stop accepting, let the requests in flight finish
-  #   end
+  # servers on every core, without touching the GVL. docs/workers.md has the details.
   #
   # Supervision, in the supervisor (the process that called #run):
   # - a worker that dies is started again;
@@ -35,6 +25,31 @@ module Evt
   # same, the signals being the supervisor's; a Ractor cannot be killed, so one still busy after
   # stop_timeout is left to end with the process. Ruby 3.3 and 3.4 crash with fibers in two Ractors
   # at once (ruby/ruby#13466), so there `ractors:` may be 1 only.
+  #
+  # @example A server on four worker processes
+  #   server = TCPServer.new("0.0.0.0", 8080)
+  #   Evt::Workers.new(count: 4, listeners: [server]).run do |worker|
+  #     until worker.stopping?
+  #       client = server.accept
+  #       Fiber.schedule { serve(client) }
+  #     end
+  #   rescue IOError
+  #     nil # told to stop: the listener closed; the requests in flight finish
+  #   end
+  # @example Worker Ractors (Ruby 4.0 for more than one): a shareable block, its own listeners
+  #   server = TCPServer.new("0.0.0.0", 8080)
+  #   body = nil.instance_exec do
+  #     proc do |worker|
+  #       listener = worker.listeners.first # this Ractor's own
+  #       until worker.stopping?
+  #         client = listener.accept
+  #         Fiber.schedule { MyApp.serve(client) }
+  #       end
+  #     rescue IOError
+  #       nil
+  #     end
+  #   end
+  #   Evt::Workers.new(ractors: 2, listeners: [server]).run(body)
   class Workers
     # What a worker's block gets: its number, whether it is stopping, and a place for stop hooks.
     class Worker
@@ -43,6 +58,10 @@ module Evt
       # @return [Array<IO>] the listeners, as this worker's own IOs (its Ractor's, with `ractors:`)
       attr_reader :listeners
 
+      # Made by {Workers} for each worker it starts.
+      # @api private
+      # @param index [Integer]
+      # @param listeners [Array<IO>]
       def initialize(index, listeners)
         @index = index
         @listeners = listeners
@@ -55,13 +74,20 @@ module Evt
         @stopping
       end
 
-      # Runs +block+ (in the worker's event loop) when the worker is told to stop.
+      # Runs `block` (in the worker's event loop) when the worker is told to stop: for what the
+      # block made itself, a listener to close, a connection pool to drain.
+      # @example
+      #   worker.on_stop { own_listener.close }
+      # @yield in the worker's event loop
+      # @return [self]
       def on_stop(&block)
         @on_stop << block
         self
       end
 
-      # Stops accepting: closes the listeners and runs the stop hooks. Called by the worker's SIGTERM.
+      # Stops accepting: closes the listeners and runs the stop hooks, once. Called by the worker's
+      # SIGTERM (or the supervisor's word, for a Ractor).
+      # @return [void]
       def stop
         return if @stopping
 
@@ -71,6 +97,8 @@ module Evt
       end
     end
 
+    # The signals the supervisor traps while #run lasts (their handlers come back afterwards).
+    # @api private
     SIGNALS = %w[TERM INT HUP CHLD].freeze
 
     # Whether this Ruby runs fibers in several Ractors at once (see the class's notes): 4.0 and
@@ -80,12 +108,15 @@ module Evt
     # @return [Integer] how many workers run at once
     attr_reader :count
 
+    # Workers to start with {#run}; nothing starts yet.
     # @param count [Integer] worker processes (one per core by default)
     # @param ractors [Integer, nil] Ractors instead of processes: how many
     # @param listeners [Array<IO>] sockets every worker serves; each worker closes its copies when
     #   told to stop (a listener made inside the block is the block's to close, on #on_stop)
     # @param stop_timeout [Numeric] seconds a stopping worker may take before it is killed
     # @param backend [Symbol, String, nil] the workers' scheduler backend (see {Scheduler#initialize})
+    # @raise [ArgumentError] count and ractors both given, a count that is not a positive Integer,
+    #   or more than one Ractor on Ruby 3.3 or 3.4
     def initialize(count: nil, ractors: nil, listeners: [], stop_timeout: 30, backend: nil)
       raise ArgumentError, "evt: count (processes) or ractors, not both" if count && ractors
 
@@ -121,8 +152,11 @@ module Evt
     # use the caller's local variables (the listeners are Worker#listeners), nor its self (make it
     # where self is shareable: `nil.instance_exec { proc { |worker| ... } }`, or in a module); a
     # shareable object that responds to #call(worker) does as well, given as the argument.
+    # @param body [#call, nil] the block, as a shareable object answering call(worker) (`ractors:`)
     # @yieldparam worker [Worker]
     # @return [self]
+    # @raise [ArgumentError] no block, or a Ractor worker's block that cannot be made shareable
+    # @raise [RuntimeError] called where a scheduler is set
     def run(body = nil, &block)
       block ||= body
       raise ArgumentError, "evt: Workers#run needs a block" unless block
@@ -145,11 +179,13 @@ module Evt
     end
 
     # Asks #run to stop the workers gracefully and return (from another thread, or a signal handler).
+    # @return [void]
     def stop
       tell("TERM")
     end
 
     # Asks #run to replace the workers one at a time, as SIGHUP does.
+    # @return [void]
     def restart
       tell("HUP")
     end
@@ -214,8 +250,11 @@ module Evt
       Workers.serve(Worker.new(index, @listeners), @backend, @block, [-> { stops.pop }, -> { @alive_r.read }])
     end
 
-    # The block in +worker+'s own event loop. Each of +stops+ waits (in a fiber) for a reason to
-    # stop: then the worker stops accepting, and the fibers in flight finish.
+    # The block in `worker`'s own event loop. Each of `stops` waits (in a fiber) for a reason to
+    # stop: then the worker stops accepting, and the fibers in flight finish. A class method, so
+    # that a worker Ractor can call it.
+    # @api private
+    # @return [void]
     def self.serve(worker, backend, block, stops)
       Evt.run(backend: backend) do
         watchers = stops.map { |wait| Fiber.schedule { wait.call && worker.stop } }
@@ -261,7 +300,7 @@ module Evt
       ractor
     end
 
-    # The end of file of +end_r+: the Ractor's loop is over. (Not Ractor#take: on Ruby 3.3 and 3.4 one
+    # The end of file of `end_r`: the Ractor's loop is over. (Not Ractor#take: on Ruby 3.3 and 3.4 one
     # of two threads taking from two Ractors at once was sometimes never woken.)
     def wait_for_end(id, end_r)
       Thread.current.report_on_exception = false
@@ -277,8 +316,10 @@ module Evt
 
     # In the worker Ractor: the listeners are this Ractor's own descriptors; the supervisor's word
     # to stop is the end of file of the pipe that comes last, read by a fiber of the loop. (Not a
-    # Ractor message: a thread waiting in Ractor.receive beside the loop sometimes never heard it, 1
-    # test run in 10, and the worker did not stop; a script without Evt::Workers never showed it.)
+    # Ractor message: a thread waiting in Ractor.receive beside the loop can miss it, and the worker
+    # would not stop.)
+    # @api private
+    # @return [nil]
     def self.work_in_ractor(index, descriptors, backend, body)
       ios = descriptors.map { |klass, fd| klass.for_fd(fd) }
       *listeners, stop, _ended = ios

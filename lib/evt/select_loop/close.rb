@@ -1,33 +1,43 @@
 # frozen_string_literal: true
 
-# IO#close under the pure-Ruby loop, and the other threads' requests, as ext/evt/close.c.
 module Evt
   class SelectLoop
+    # IO#close under the pure-Ruby loop, and the other threads' requests, as ext/evt/close.c.
+
     @forks = 0
 
     class << self
       # Counts forks, so a loop can tell it was inherited (see {ForkWatch}).
+      # @api private
+      # @return [Integer] how many forks this process is down from the first (0 there)
       attr_reader :forks
 
+      # {ForkWatch}'s count, in the child.
+      # @api private
+      # @return [Integer]
       def forked
         @forks += 1
       end
 
       # Every select loop of this Ractor, for IO#close to look through; weakly held. (Another
       # Ractor's loops cannot know this one's IOs, and may not be touched from here.)
+      # @api private
+      # @return [ObjectSpace::WeakMap] loop => true
       def loops
         Ractor.current[:evt_select_loops] ||= ObjectSpace::WeakMap.new
       end
 
-      # IO#close (and close_read, close_write) of +io+, from any thread, before the descriptor
+      # IO#close (and close_read, close_write) of `io`, from any thread, before the descriptor
       # closes (see evt_close_io in close.c): the waiters on that IO object, in every select loop
       # that knows it, raise IOError. The block, if given, says whether the call closes the
-      # descriptor at all; it is asked only when a loop knows +io+ (it may cost system calls).
+      # descriptor at all; it is asked only when a loop knows `io` (it may cost system calls).
       #
       # Ruby 4.0 interrupts the waiting fibers itself through the closing thread's scheduler,
       # unless the closer is a blocking fiber (its wait for them would block the thread for ever:
       # that scheduler's woken fibers run first here) or the thread has none; other threads' loops
       # hear of it as on 3.x (a wait begun there while the close flushes).
+      # @api private
+      # @return [void]
       def closing(io)
         closes = nil
         scheduler = Fiber.scheduler
@@ -53,17 +63,21 @@ module Evt
       end
 
       # What the closing thread's own loops do (see close.c's enum own_loops).
+      # @api private
+      # @return [Symbol] :wake, :wake_run or :none
       def own_loops(scheduler)
         return :wake if RUBY_VERSION < "4" || scheduler.nil?
 
         Fiber.current_scheduler ? :none : :wake_run
       end
 
-      # Once +io+ is closed, the loops that still know it hear of it again: a fiber may have begun
+      # Once `io` is closed, the loops that still know it hear of it again: a fiber may have begun
       # to wait on it during the close (while it flushed), or Ruby closed it where close.c's
       # conditions say it does not (IO#close_read of a socket already shut down for writing closes
       # it). IO.select does not notice a descriptor closed under it. (BasicSocket's own close_read
       # and close_write never come here: the loop finds their IO closed on its next turn.)
+      # @api private
+      # @return [void]
       def closed(io)
         return unless io.closed?
 
@@ -72,16 +86,20 @@ module Evt
 
       # The IO that IO.popen's "r+" IO writes through, while it is open: Ruby keeps it in an
       # instance variable (close.c reads rb_io_t's tied_io_for_writing).
+      # @api private
+      # @return [IO, nil]
       def write_io(io)
         tied = io.instance_variable_get(:@tied_io_for_writing)
         tied unless tied.nil? || tied.closed?
       end
 
-      # Whether close_read (+direction+ :read) or close_write (:write) of +io+ closes its descriptor,
+      # Whether close_read (`direction` :read) or close_write (:write) of `io` closes its descriptor,
       # as close.c decides: not for a socket (shut down instead, which its waiters see as end of
       # file or an error), nor for an IO open for the other direction only (IOError). Ruby's own
       # mode for the IO is not visible from Ruby: the descriptor's access mode stands in for it,
       # the same but for an IO.new narrower than its descriptor; unknown (no fcntl), it closes.
+      # @api private
+      # @return [Boolean]
       def closes_for?(io, direction)
         return false if socket?(io)
 
@@ -112,6 +130,8 @@ module Evt
 
       # Prepends {CloseWatch} and {ReadNonblockWatch} to IO, once: only processes that use a
       # select loop pay for them.
+      # @api private
+      # @return [void]
       def watch_closes
         return if IO.include?(ReadNonblockWatch)
 
@@ -123,6 +143,7 @@ module Evt
     # close. As ext/evt/close.c does for the C loop, and on the same conditions, the waiters are
     # told before the descriptor closes: a close may wait itself (flushing a buffered write to a full
     # pipe), and the fibers waiting on the IO must not go on meanwhile as if it were still open.
+    # @api private
     module CloseWatch
       # The waiters on this IO, and on the IO its writes go to (IO.popen's "r+"), first.
       def close
@@ -160,8 +181,10 @@ module Evt
 
     # Ruby sends read_nonblock and sysread to io_read with the same arguments, yet only the first
     # must not wait: this tells io_read, through a fiber-local flag. (The C hooks ask
-    # rb_profile_frames; caller_locations would cost a microsecond per read.)
+    # rb_profile_frames; caller_locations would build a backtrace on every read.)
+    # @api private
     module ReadNonblockWatch
+      # IO#read_nonblock, with io_read told not to wait.
       def read_nonblock(...)
         Thread.current[:__evt_read_nonblock] = true
         super(...)
@@ -187,7 +210,7 @@ module Evt
       signal if Thread.current != @thread # always: the loop may be on its way into IO.select
     end
 
-    # Whether a fiber waits on +io+, or did until the loop's last turn (see knows in close.c): another
+    # Whether a fiber waits on `io`, or did until the loop's last turn (see knows in close.c): another
     # thread closing it tells the loop even when no fiber waits right now, as one may be about to.
     # Asked from any thread.
     def knows?(io)
@@ -205,7 +228,7 @@ module Evt
       current == @loop_fiber || (@running.positive? && current == @current)
     end
 
-    # IO#close of +io+ (see {.closing}), before the descriptor closes: on the loop's own thread its
+    # IO#close of `io` (see {.closing}), before the descriptor closes: on the loop's own thread its
     # waiters are woken at once, another thread's loop is asked to.
     def io_closing(io)
       if Thread.current == @thread then close_io(io, elsewhere: false)
@@ -213,8 +236,8 @@ module Evt
       end
     end
 
-    # Wakes the loop's waiters on +io+ with CLOSED, on the loop's own thread (see loop_close_io in
-    # loop.c). +elsewhere+: for another thread, which may not have marked io closed yet: until it
+    # Wakes the loop's waiters on `io` with CLOSED, on the loop's own thread (see loop_close_io in
+    # loop.c). `elsewhere`: for another thread, which may not have marked io closed yet: until it
     # has, a new wait on io ends at once too (see #closing?).
     def close_io(io, elsewhere:)
       @closing[io] = true if elsewhere && !io.closed?
@@ -222,7 +245,7 @@ module Evt
       list.keys.each { |waiter| wake(waiter, CLOSED) }
     end
 
-    # Whether another thread closes +io+ and has not marked it closed yet.
+    # Whether another thread closes `io` and has not marked it closed yet.
     def closing?(io)
       return false if @closing.empty? || !@closing.key?(io)
       return true unless io.closed?
@@ -231,7 +254,7 @@ module Evt
       false
     end
 
-    # Serves the other threads' requests; fiber interrupts only when +interrupts+ (they switch
+    # Serves the other threads' requests; fiber interrupts only when `interrupts` (they switch
     # fibers: not while IO.select's result waits to be dispatched). The unblocks come first: the C
     # loop's #unblock readies the fiber there and then, under the GVL, while closes and interrupts
     # wait for the loop's thread, so of the requests made during one wait the unblocked fibers run

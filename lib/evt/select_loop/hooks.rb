@@ -1,11 +1,15 @@
 # frozen_string_literal: true
 
-# The pure-Ruby loop's hooks, as ext/evt/hooks.c and the entry points of io.c.
 module Evt
   class SelectLoop
+    # The pure-Ruby loop's hooks, as ext/evt/hooks.c and the entry points of io.c.
+
     # ---- hooks ------------------------------------------------------------------------------------
 
-    # Waits until +io+ has one of +events+; nil +timeout+ means the IO's own #timeout.
+    # Hook: waits until `io` has one of `events`; nil `timeout` means the IO's own #timeout.
+    # @param io [IO]
+    # @param events [Integer] IO::READABLE, IO::WRITABLE, IO::PRIORITY, or'ed
+    # @param timeout [Numeric, nil] seconds
     # @return [Integer, false] the events that are ready, or false when the time ran out
     def io_wait(io, events, timeout)
       get
@@ -23,55 +27,56 @@ module Evt
 
     # io_read and io_write in this Ruby's convention (INTERFACE), as the C loop binds them at compile time.
     if INTERFACE >= 4
-      # Reads into the IO::Buffer at +offset+ once, at most +length+ bytes; never waits.
+      # Reads into the IO::Buffer at `offset` once, at most `length` bytes; never waits.
       # @return [Integer] bytes read (0: end of file), or -errno (-EAGAIN: nothing ready)
       def io_read(io, buffer, offset, length)
         io_read_single(io, buffer, offset, length)
       end
 
-      # Writes from the IO::Buffer at +offset+ once, at most +length+ bytes; never waits.
+      # Writes from the IO::Buffer at `offset` once, at most `length` bytes; never waits.
       # @return [Integer] bytes written, or -errno (-EAGAIN: no room)
       def io_write(io, buffer, offset, length)
         io_write_single(io, buffer, offset, length)
       end
 
-      # As io_read, at file position +from+ (which does not move).
+      # As io_read, at file position `from` (which does not move).
       def io_pread(io, buffer, from, offset, length)
         io_pread_single(io, buffer, from, offset, length)
       end
 
-      # As io_write, at file position +from+ (which does not move).
+      # As io_write, at file position `from` (which does not move).
       def io_pwrite(io, buffer, from, offset, length)
         io_pwrite_single(io, buffer, from, offset, length)
       end
     else
-      # Reads into the IO::Buffer at +offset+: at least +length+ bytes, end of file or an error
-      # (+length+ 0: whatever one read gives; -EAGAIN only for read_nonblock, which must not wait).
+      # Reads into the IO::Buffer at `offset`: at least `length` bytes, end of file or an error
+      # (`length` 0: whatever one read gives; -EAGAIN only for read_nonblock, which must not wait).
       # @return [Integer] bytes read, or -errno
       def io_read(io, buffer, length, offset)
         io_read_minimum(io, buffer, length, offset)
       end
 
-      # Writes from the IO::Buffer at +offset+: at least +length+ bytes or an error.
+      # Writes from the IO::Buffer at `offset`: at least `length` bytes or an error.
       # @return [Integer] bytes written, or -errno
       def io_write(io, buffer, length, offset)
         io_write_minimum(io, buffer, length, offset)
       end
 
       if RUBY_VERSION >= "4"
-        # As io_read, at file position +from+ (which does not move); -ESPIPE for a pipe or socket.
+        # As io_read, at file position `from` (which does not move); -ESPIPE for a pipe or socket.
         def io_pread(io, buffer, from, length, offset)
           io_pread_minimum(io, buffer, from, length, offset)
         end
 
-        # As io_write, at file position +from+ (which does not move).
+        # As io_write, at file position `from` (which does not move).
         def io_pwrite(io, buffer, from, length, offset)
           io_pwrite_minimum(io, buffer, from, length, offset)
         end
       end
     end
 
-    # IO.select: every IO watched by the loop at once. Bad input raises what IO.select raises.
+    # Hook (IO.select): every IO watched by the loop at once. Bad input raises what IO.select
+    # raises.
     # @return [Array<Array>, nil] the ready objects of each array, or nil when the time ran out
     def io_select(readables, writables = nil, exceptables = nil, timeout = nil)
       get
@@ -94,8 +99,11 @@ module Evt
       end
     end
 
-    # Sleeps +duration+ seconds, or until #unblock (nil: no limit); sleep(0) lets the other ready
-    # fibers run first.
+    # Hook (Kernel#sleep): sleeps `duration` seconds, or until #unblock (nil: no limit); sleep(0)
+    # lets the other ready fibers run first.
+    # @overload kernel_sleep(duration = nil)
+    #   @param duration [Numeric, nil]
+    #   @return [nil]
     def kernel_sleep(*arguments)
       raise ArgumentError, "wrong number of arguments (given #{arguments.size}, expected 0..1)" if arguments.size > 1
 
@@ -109,15 +117,22 @@ module Evt
       nil
     end
 
-    # Blocks the current fiber until #unblock (true) or +timeout+ seconds (false).
+    # Hook (Mutex, Queue, ConditionVariable...): blocks the current fiber until #unblock (true) or
+    # `timeout` seconds (false).
+    # @param _blocker [Object] what the fiber waits for (unused)
+    # @param timeout [Numeric, nil] seconds; nil: no limit
+    # @return [Boolean]
     def block(_blocker, timeout = nil)
       timeout = interval(timeout, saturate: true)
       get
       block_fiber(timeout)
     end
 
-    # Wakes +fiber+ from #block or #kernel_sleep. Safe from any thread: another thread's request
-    # goes through the queue and the wakeup pipe.
+    # Hook: wakes `fiber` from #block or #kernel_sleep. Safe from any thread: another thread's
+    # request goes through the queue and the wakeup pipe.
+    # @param _blocker [Object] what the fiber waited for (unused)
+    # @param fiber [Fiber]
+    # @return [nil]
     def unblock(_blocker, fiber)
       check
       if Thread.current == @thread
@@ -139,8 +154,10 @@ module Evt
       nil
     end
 
-    # Timeout.timeout: raises exception_class.new(*arguments) in the fiber if the block still runs
-    # after +duration+ seconds. A negative duration has expired already.
+    # Hook (Timeout.timeout): raises exception_class.new(*arguments) in the fiber if the block still
+    # runs after `duration` seconds. A negative duration has expired already.
+    # @yieldparam duration [Numeric, nil]
+    # @return [Object] the block's value
     def timeout_after(duration, exception_class, *arguments)
       raise LocalJumpError, "no block given (yield)" unless block_given?
 
@@ -158,7 +175,7 @@ module Evt
       end
     end
 
-    # Ruby 4.0: closes descriptor +fd+ (its waiters were interrupted already).
+    # Hook (Ruby 4.0, IO#close): closes descriptor `fd` (its waiters were interrupted already).
     # @return [Boolean] true when closed, false when it was not open
     def io_close(fd)
       get
@@ -172,11 +189,13 @@ module Evt
     end
 
     # What a stand-in for a fiber answers, in the order a missing one is named.
+    # @api private
     STAND_IN_METHODS = %i[alive? raise transfer].freeze
 
-    # Ruby 4.0: raises +exception+ in +fiber+, which waits in this loop. From any thread: the loop
-    # raises it on its next turn. +fiber+ is a Fiber, or, as scheduler interface 5 allows
+    # Hook (Ruby 4.0): raises `exception` in `fiber`, which waits in this loop. From any thread:
+    # the loop raises it on its next turn. `fiber` is a Fiber, or, as scheduler interface 5 allows
     # (ruby/ruby#18793), any object that answers alive?, raise and transfer (a wrapper around one).
+    # @return [nil]
     # @raise [TypeError] anything else
     def fiber_interrupt(fiber, exception)
       unless fiber.is_a?(Fiber)
@@ -193,6 +212,8 @@ module Evt
 
     # Runs the loop until no fiber waits in it. Call it from the blocking fiber that drives the
     # scheduler.
+    # @return [self]
+    # @raise [FiberError] called from a scheduled fiber, or while the loop runs on another fiber
     def run
       get
       current = Fiber.current
@@ -212,6 +233,7 @@ module Evt
     # Runs every fiber to completion, then closes the wakeup pipe. Ruby 3.3 and 3.4 keep the
     # exception that ends a thread in $! while this runs, and a `break` or `return` out of a block
     # clears it: the loop's code uses `while` loops only.
+    # @return [nil]
     def scheduler_close
       owned
       current = Fiber.current
@@ -228,6 +250,7 @@ module Evt
     end
 
     # Ends the loop's wait in IO.select, from any thread.
+    # @return [nil]
     def wakeup
       check
       signal if @blocked

@@ -1,8 +1,9 @@
 # frozen_string_literal: true
 
-# The pure-Ruby loop's transfers and readiness, as ext/evt/io.c.
 module Evt
   class SelectLoop
+    # The pure-Ruby loop's transfers and readiness, as ext/evt/io.c.
+
     private
 
     # ---- readiness without waiting ----------------------------------------------------------------
@@ -23,58 +24,66 @@ module Evt
 
     # ---- transfers --------------------------------------------------------------------------------
 
+    # -EAGAIN, as the transfer hooks return it: the descriptor is not ready.
+    # @api private
     EAGAIN = -Errno::EAGAIN::Errno
+    # -EINTR: a transfer interrupted by a signal, to try again.
+    # @api private
     EINTR = -Errno::EINTR::Errno
+    # -EINVAL, as the transfer hooks return it: a range outside the buffer, a negative position.
+    # @api private
     EINVAL = -Errno::EINVAL::Errno
-    PIPE_BUF = 512 # POSIX's least: a writable pipe in blocking mode takes this much without blocking
+    # POSIX's least: a writable pipe in blocking mode takes this much without blocking.
+    # @api private
+    PIPE_BUF = 512
 
     # Both conventions of the transfer hooks, whichever this Ruby calls (see io.c): the public io_read
     # and io_write are one or the other, and tests reach both on any Ruby. Positioned transfers at a
-    # negative +from+ are -EINVAL, as pread(2) says (Ruby names the file).
+    # negative `from` are -EINVAL, as pread(2) says (Ruby names the file).
 
-    # Ruby 4.1's io_read: one read into +buffer+ at +offset+ of at most +length+ bytes.
+    # Ruby 4.1's io_read: one read into `buffer` at `offset` of at most `length` bytes.
     # @return [Integer] bytes read (0: end of file), or -errno: -EAGAIN when nothing is ready (Ruby
     #   then calls io_wait), -EINVAL when the range is not inside the buffer
     def io_read_single(io, buffer, offset, length)
       transfer_single_hook(io, buffer, offset, length, nil, IO::READABLE)
     end
 
-    # Ruby 4.1's io_write: one write from +buffer+ at +offset+ of at most +length+ bytes.
+    # Ruby 4.1's io_write: one write from `buffer` at `offset` of at most `length` bytes.
     # @return [Integer] bytes written, or -errno, as io_read_single
     def io_write_single(io, buffer, offset, length)
       transfer_single_hook(io, buffer, offset, length, nil, IO::WRITABLE)
     end
 
-    # Ruby 4.1's io_pread: as io_read_single, at file position +from+ (which does not move).
+    # Ruby 4.1's io_pread: as io_read_single, at file position `from` (which does not move).
     def io_pread_single(io, buffer, from, offset, length)
       return EINVAL if from.negative?
 
       transfer_single_hook(io, buffer, offset, length, from, IO::READABLE)
     end
 
-    # Ruby 4.1's io_pwrite: as io_write_single, at file position +from+ (which does not move).
+    # Ruby 4.1's io_pwrite: as io_write_single, at file position `from` (which does not move).
     def io_pwrite_single(io, buffer, from, offset, length)
       return EINVAL if from.negative?
 
       transfer_single_hook(io, buffer, offset, length, from, IO::WRITABLE)
     end
 
-    # Ruby 3.3 to 4.0's io_read: reads into +buffer+ from +offset+ at least +length+ bytes, end of
-    # file or an error (+length+ 0: whatever one read gives; -EAGAIN only for read_nonblock, which
+    # Ruby 3.3 to 4.0's io_read: reads into `buffer` from `offset` at least `length` bytes, end of
+    # file or an error (`length` 0: whatever one read gives; -EAGAIN only for read_nonblock, which
     # must not wait).
     # @return [Integer] bytes read, or -errno
     def io_read_minimum(io, buffer, length, offset)
       transfer_minimum(io, buffer, length, offset, nil, IO::READABLE)
     end
 
-    # Ruby 3.3 to 4.0's io_write: writes from +buffer+ at +offset+ at least +length+ bytes or an
-    # error (+length+ 0: whatever one write takes).
+    # Ruby 3.3 to 4.0's io_write: writes from `buffer` at `offset` at least `length` bytes or an
+    # error (`length` 0: whatever one write takes).
     # @return [Integer] bytes written, or -errno
     def io_write_minimum(io, buffer, length, offset)
       transfer_minimum(io, buffer, length, offset, nil, IO::WRITABLE)
     end
 
-    # Ruby 3.3 to 4.0's io_pread: as io_read_minimum, at file position +from+ (which does not move).
+    # Ruby 3.3 to 4.0's io_pread: as io_read_minimum, at file position `from` (which does not move).
     # -ESPIPE for a pipe or socket, as pread(2) says.
     def io_pread_minimum(io, buffer, from, length, offset)
       return EINVAL if from.negative?
@@ -82,7 +91,7 @@ module Evt
       transfer_minimum(io, buffer, length, offset, from, IO::READABLE)
     end
 
-    # Ruby 3.3 to 4.0's io_pwrite: as io_write_minimum, at file position +from+ (the hook on 4.0
+    # Ruby 3.3 to 4.0's io_pwrite: as io_write_minimum, at file position `from` (the hook on 4.0
     # only: 3.3 and 3.4 call io_pwrite without the GVL, where no Ruby code may run).
     def io_pwrite_minimum(io, buffer, from, length, offset)
       return EINVAL if from.negative?
@@ -90,7 +99,7 @@ module Evt
       transfer_minimum(io, buffer, length, offset, from, IO::WRITABLE)
     end
 
-    # One transfer of at most +length+ bytes (see transfer_single_hook in io.c). Nothing to move is
+    # One transfer of at most `length` bytes (see transfer_single_hook in io.c). Nothing to move is
     # no system call, once the range is known to be inside the buffer.
     def transfer_single_hook(io, buffer, offset, length, position, events)
       get
@@ -104,7 +113,7 @@ module Evt
       end
     end
 
-    # Transfers until at least +length+ bytes (0: one successful transfer), end of file or an error,
+    # Transfers until at least `length` bytes (0: one successful transfer), end of file or an error,
     # waiting in the loop on EAGAIN (see transfer_minimum_hook in io.c).
     def transfer_minimum(io, buffer, length, offset, position, events)
       get
@@ -139,11 +148,12 @@ module Evt
     end
 
     # While Ruby's own transfer runs: no asynchronous exception (see #transfer_single).
+    # @api private
     UNINTERRUPTED = { Exception => :never }.freeze
 
-    # The primitive every transfer is made of: one read(2) or write(2) (pread, pwrite at +position+
-    # unless it is nil) between the buffer at +offset+ and +io+, of at most +max+ bytes, or up to the
-    # end of the buffer when +max+ is nil. Never waits: a descriptor in blocking mode is polled first,
+    # The primitive every transfer is made of: one read(2) or write(2) (pread, pwrite at `position`
+    # unless it is nil) between the buffer at `offset` and `io`, of at most `max` bytes, or up to the
+    # end of the buffer when `max` is nil. Never waits: a descriptor in blocking mode is polled first,
     # and written at most PIPE_BUF bytes at a time.
     # @return [Integer] bytes moved (0: end of file), or -errno: -EAGAIN when the descriptor is not
     #   ready, -EINTR to try again, -EINVAL when the range is not inside the buffer
@@ -187,7 +197,7 @@ module Evt
       end
     end
 
-    # Whether +length+ bytes at +offset+ are inside a buffer of +size+ bytes.
+    # Whether `length` bytes at `offset` are inside a buffer of `size` bytes.
     def inside?(size, offset, length)
       !offset.negative? && !length.negative? && offset <= size && length <= size - offset
     end
@@ -206,7 +216,7 @@ module Evt
       Thread.current[:__evt_read_nonblock] || false
     end
 
-    # Whether +io+'s descriptor is in blocking mode (a FIFO, a tty, a pipe after `nonblock =
+    # Whether `io`'s descriptor is in blocking mode (a FIFO, a tty, a pipe after `nonblock =
     # false`), so a transfer must look first. Learnt once per IO object, as the C hooks do (an
     # fcntl per transfer would cost more). Regular files and block devices never wait.
     def blocking_mode?(io)

@@ -1,8 +1,9 @@
 # frozen_string_literal: true
 
-# The pure-Ruby loop's run loop, as ext/evt/loop.c.
 module Evt
   class SelectLoop
+    # The pure-Ruby loop's run loop, as ext/evt/loop.c.
+
     private
 
     # ---- running ----------------------------------------------------------------------------------
@@ -17,7 +18,7 @@ module Evt
       @early_unblock = nil if @early_unblock.equal?(fiber) # it ended without waiting
     end
 
-    # Raises +exception+ in +fiber+ from the loop fiber: a switch to it, as #switch_to's, so @current
+    # Raises `exception` in `fiber` from the loop fiber: a switch to it, as #switch_to's, so @current
     # names it until it waits again or ends (when control comes back here). Else its unwinding would
     # take whichever fiber @current named last for the one that switched to it, and ready that one
     # out of its turn (see raise_into in loop.c).
@@ -31,7 +32,7 @@ module Evt
       @current = @loop_fiber
     end
 
-    # Raises +exception+ through a stand-in for a fiber (fiber_interrupt): its raise switches to the
+    # Raises `exception` through a stand-in for a fiber (fiber_interrupt): its raise switches to the
     # fiber inside, which the loop cannot name. @current is nil meanwhile, so that fiber's unwinding
     # readies no one (see #ready_the_switcher and interrupt_fiber in loop.c).
     def raise_through(stand_in, exception)
@@ -41,7 +42,7 @@ module Evt
       @current = @loop_fiber
     end
 
-    # Starts +fiber+ from the loop fiber through a non-blocking launcher fiber, which makes the first
+    # Starts `fiber` from the loop fiber through a non-blocking launcher fiber, which makes the first
     # switch into it and hands back a FiberError: CRuby 3.3 and 3.4 leave the thread's count of
     # blocking fibers lowered when a blocking fiber's switch into a new fiber fails (see launch in
     # evt.c). Control comes back when the new fiber waits or ends.
@@ -89,7 +90,7 @@ module Evt
       nil
     end
 
-    # Resumes the fibers that were ready when it started; true when +until_waiter+ came up.
+    # Resumes the fibers that were ready when it started; true when `until_waiter` came up.
     def resume_ready(until_waiter)
       count = @ready.size
       while count.positive? && (waiter = @ready.shift)
@@ -203,7 +204,7 @@ module Evt
       priority.each { |io| io_ready(io, IO::PRIORITY) }
     end
 
-    # Wakes the waiters on +io+ that want some of +events+ (a waiter already woken for the other
+    # Wakes the waiters on `io` that want some of `events` (a waiter already woken for the other
     # direction of the same IO gets these too). Waking takes a waiter out of the list as it goes,
     # which Hash#each allows.
     def io_ready(io, events)

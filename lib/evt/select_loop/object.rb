@@ -1,10 +1,14 @@
 # frozen_string_literal: true
 
-# The pure-Ruby loop's object: making it, fork, its pipe, as ext/evt/object.c.
 module Evt
   class SelectLoop
+    # The pure-Ruby loop's object: making it, fork, its pipe, as ext/evt/object.c.
+
     # Process._fork, which every fork of Ruby goes through (Process.daemon aside): the child counts it.
+    # @api private
     module ForkWatch
+      # Process._fork, counted in the child.
+      # @return [Integer] the child's pid in the parent, 0 in the child
       def _fork
         pid = super
         SelectLoop.forked if pid.zero?
@@ -12,6 +16,7 @@ module Evt
       end
 
       # Forks in C, without _fork; returns in the child only.
+      # @return [0]
       def daemon(...)
         result = super(...)
         SelectLoop.forked
@@ -20,8 +25,10 @@ module Evt
     end
     Process.singleton_class.prepend(ForkWatch)
 
+    # A loop for the current thread, with its wakeup pipe open.
     # @param name [Symbol, String] :select
     # @raise [ArgumentError] any other name
+    # @raise [TypeError] `name` is not a Symbol or String
     def initialize(name)
       raise "evt: loop already initialized" if @backend
 
@@ -72,7 +79,6 @@ module Evt
 
     # ---- the loop object --------------------------------------------------------------------------
 
-    # The loop, after any fork.
     # The loop, after any fork. Only the child's main thread (the one that forked) starts it over:
     # a thread started in the child may call #unblock before that thread used the loop again.
     def check
@@ -151,7 +157,7 @@ module Evt
     end
 
     # nil -> nil (no limit); otherwise nanoseconds, with the errors Kernel#sleep gives.
-    # Past Time's range (2**63 seconds), +saturate+ gives FOREVER (Queue#pop(timeout:) waits any
+    # Past Time's range (2**63 seconds), `saturate` gives FOREVER (Queue#pop(timeout:) waits any
     # time without a scheduler), else RangeError (as sleep and IO.select raise).
     def interval(value, saturate: false)
       return nil if value.nil?
@@ -178,7 +184,7 @@ module Evt
       exception
     end
 
-    # The block's value, or the exception of +classes+ it raised. On Ruby 3.3 and 3.4, $! holds the
+    # The block's value, or the exception of `classes` it raised. On Ruby 3.3 and 3.4, $! holds the
     # exception that is ending the thread while scheduler_close runs, and a rescue (like a `break`
     # out of a block) on this fiber would clear it; then the rescue happens on a fiber of its own.
     def rescuing(*classes)

@@ -1,20 +1,28 @@
 # frozen_string_literal: true
 
-# The pure-Ruby loop's timer heap (see lib/evt/select_loop.rb).
 module Evt
   class SelectLoop
+    # The pure-Ruby loop's timer heap (see lib/evt/select_loop.rb).
+
     # The timer heap, as ext/evt/timers.c has it: a binary min-heap on [deadline, sequence] whose
     # timers know their index in it, so a timer leaves at once, by its index, with no search and
     # nothing left behind to skip later. Equal deadlines fire in the order they were added.
+    # @api private
     class Timers
-      # +index+: the timer's position in the heap, nil when it is not in it.
+      # One timer: its deadline (monotonic nanoseconds), the order it was added in, what it fires
+      # (a {Waiter} or a {Timeout}), and `index`: its position in the heap, nil when it is not in
+      # it.
       Timer = Struct.new(:deadline, :sequence, :target, :index)
 
+      # An empty heap.
       def initialize
         @heap = []
         @sequence = 0 # not reset by #clear, as in C: only its order matters
       end
 
+      # Adds a timer firing `target` at `deadline`.
+      # @param deadline [Integer] monotonic nanoseconds
+      # @return [Timer] the timer, for {#remove}
       def add(deadline, target)
         timer = Timer.new(deadline, @sequence, target, nil)
         @sequence += 1
@@ -23,8 +31,9 @@ module Evt
         timer
       end
 
-      # Takes +timer+ out of the heap; nothing when it is not in it (it fired, or left already). The
+      # Takes `timer` out of the heap; nothing when it is not in it (it fired, or left already). The
       # last timer takes its place and moves up or down from there.
+      # @return [void]
       def remove(timer)
         index = timer.index or return
         timer.index = nil
@@ -37,19 +46,24 @@ module Evt
         end
       end
 
-      # The earliest timer, or nil.
+      # @return [Timer, nil] the earliest timer
       def first
         @heap.first
       end
 
+      # Yields each timer, in no particular order.
+      # @yieldparam timer [Timer]
       def each(&block)
         @heap.each(&block)
       end
 
+      # @return [Integer] the number of timers
       def size
         @heap.size
       end
 
+      # Takes every timer out.
+      # @return [void]
       def clear
         @heap.each { |timer| timer.index = nil }
         @heap.clear
@@ -66,7 +80,7 @@ module Evt
         timer.index = index
       end
 
-      # Moves the timer at +index+ up until its parent is earlier, shifting the parents down.
+      # Moves the timer at `index` up until its parent is earlier, shifting the parents down.
       def sift_up(index)
         timer = @heap[index]
         while index.positive?
@@ -79,7 +93,7 @@ module Evt
         place(index, timer)
       end
 
-      # Moves the timer at +index+ down until no child is earlier, shifting the earlier child up.
+      # Moves the timer at `index` down until no child is earlier, shifting the earlier child up.
       def sift_down(index)
         timer = @heap[index]
         size = @heap.size

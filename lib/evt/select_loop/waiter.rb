@@ -1,14 +1,29 @@
 # frozen_string_literal: true
 
-# The pure-Ruby loop's waiters and waits, as ext/evt/waiter.c and wait.c, and its suspension.
 module Evt
   class SelectLoop
+    # The pure-Ruby loop's waiters and waits, as ext/evt/waiter.c and wait.c, and its suspension.
+
     # One suspension of one fiber: what it waits for and how it ended. A new one per suspension,
     # so a stale reference (in the ready queue, a timer, a request) can never wake a later wait.
+    # @api private
     class Waiter
+      # @return [Fiber] the suspended fiber
       attr_reader :fiber
+      # @!attribute [rw] state
+      #   @return [Symbol] :idle, :waiting (in the loop's structures) or :ready (in the ready queue)
+      # @!attribute [rw] result
+      #   @return [Integer] how the wait ended: events (> 0), 1 (unblocked), SPURIOUS, TIMED_OUT or
+      #     CLOSED
+      # @!attribute [rw] timer
+      #   @return [Timers::Timer, nil] its timeout's timer
+      # @!attribute [rw] unblockable
+      #   @return [Boolean] whether #unblock can end the wait
+      # @!attribute [rw] switcher
+      #   @return [Boolean] whether it stands for a fiber that switched away (ready_the_switcher)
       attr_accessor :state, :result, :timer, :unblockable, :switcher
 
+      # A waiter for `fiber`, idle, waiting for nothing yet.
       def initialize(fiber)
         @fiber = fiber
         @io = nil # the IO it waits on, and for which events; io_select's IOs go to @watches
@@ -21,6 +36,8 @@ module Evt
         @switcher = false # made for a fiber that switched away (ready_the_switcher)
       end
 
+      # Adds `io` and the `events` wanted there to what the waiter waits for.
+      # @return [void]
       def watch(io, events)
         if @io.nil? && @watches.nil?
           @io = io
@@ -31,6 +48,7 @@ module Evt
         end
       end
 
+      # @return [Boolean] whether it waits for any IO
       def watching?
         !@io.nil?
       end
@@ -43,7 +61,8 @@ module Evt
       end
     end
 
-    # A timeout_after in progress: raises +exception+ in +fiber+ when its timer fires.
+    # A timeout_after in progress: raises `exception` in `fiber` when its timer fires.
+    # @api private
     Timeout = Struct.new(:fiber, :exception)
 
     private
@@ -78,7 +97,7 @@ module Evt
       end
     end
 
-    # Suspends the current fiber on +waiter+ until the loop resumes it. However the fiber is
+    # Suspends the current fiber on `waiter` until the loop resumes it. However the fiber is
     # unwound, the waiter leaves every structure before this returns (see wait_body and wait_ensure
     # in loop.c).
     def suspend(waiter, kind, timeout: nil, target: nil)
