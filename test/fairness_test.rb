@@ -86,4 +86,29 @@ class FairnessTest < Minitest::Test
     clients&.each(&:close)
     server&.close
   end
+
+  # A fiber that starts fibers without pause goes first only so many times a turn (as many as the
+  # turn had ready, at least 64): the others still run every turn.
+  def test_a_fiber_starting_fibers_without_pause_does_not_starve_the_others
+    turns = 0
+    done = false
+    started_at = Hash.new(0)
+    evt do
+      Fiber.schedule do
+        until done
+          sleep 0
+          turns += 1
+        end
+      end
+      Fiber.schedule do
+        1000.times do
+          started_at[turns] += 1
+          Fiber.schedule { sleep 0.2 }
+        end
+        done = true
+      end
+    end
+    assert_operator started_at.size, :>=, 10, "the other fiber ran only #{started_at.size} turns while 1,000 fibers started"
+    assert_operator started_at.values.max, :<=, 70, "#{started_at.values.max} fibers started in one turn"
+  end
 end

@@ -91,6 +91,9 @@ struct evt_registration {
 /* loop->kernel.fired: entries to start with, and at most (a wait reports no more; the rest wait for the next). */
 enum { EVT_FIRED_INITIAL = 64, EVT_FIRED_MAX = 4096 };
 
+/* Starters that may go to the head of the ready queue in a turn, at the least. */
+#define EVT_FIRST_MIN 64
+
 struct evt_loop {
     VALUE self;
     /* The kernel side: the backend, its objects, and what its waits collect. */
@@ -117,6 +120,9 @@ struct evt_loop {
     size_t ready_count;       /* in ready and in dispatched */
     struct evt_list dispatched; /* EVT_RUN_ONCE: woken by this turn's events, resumed before it returns */
     int dispatching;          /* EVT_RUN_ONCE: evt_waiter_ready puts waiters in dispatched, not ready */
+    size_t first_budget;      /* this turn: how many more starters may go to the head of ready (at
+                                 least EVT_FIRST_MIN a turn, evt_waiter_ready_first) */
+    size_t first_pending;     /* this turn: starters at the head of ready, not among the turn's count */
     size_t waiting;           /* fibers suspended in evt */
     int running;              /* inside evt_loop_run (nested when the loop fiber itself waits) */
     struct evt_list spare;    /* pushed waiters to reuse (evt_loop_push), by io_link */

@@ -218,7 +218,12 @@ static int
 resume_ready(struct evt_loop *loop, struct evt_waiter *until)
 {
     size_t count = loop->ready_count;
-    while (count-- > 0 && !evt_list_empty(&loop->ready)) {
+    loop->first_budget = count > EVT_FIRST_MIN ? count : EVT_FIRST_MIN;
+    loop->first_pending = 0;
+    while (!evt_list_empty(&loop->ready)) {
+        if (loop->first_pending) loop->first_pending--; /* a starter gone first: not one of the count */
+        else if (count == 0) break;
+        else count--;
         struct evt_waiter *w = evt_container_of(loop->ready.next, struct evt_waiter, ready_link);
         evt_list_remove(&w->ready_link);
         loop->ready_count--;

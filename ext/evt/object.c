@@ -374,6 +374,7 @@ evt_object_alloc(VALUE klass)
     loops_leave();
     evt_list_init(&loop->ready);
     evt_list_init(&loop->dispatched);
+    loop->first_budget = EVT_FIRST_MIN;
     evt_list_init(&loop->spare);
     evt_list_init(&loop->allocated);
     evt_list_init(&loop->operations);
@@ -412,6 +413,7 @@ evt_object_forget(struct evt_loop *loop)
     evt_list_init(&loop->operations);
     evt_list_init(&loop->ready);
     evt_list_init(&loop->dispatched);
+    loop->first_budget = EVT_FIRST_MIN;
     loop->ready_count = 0;
     loop->dispatching = 0;
     evt_timers_clear(&loop->timers);

@@ -50,15 +50,23 @@ evt_waiter_ready(struct evt_loop *loop, struct evt_waiter *w)
 }
 
 /* Ahead of the others: the fiber that started a new one goes on as soon as that one waits, as
- * under Ruby's reference scheduler (where the new fiber's wait yields back to its starter). An
- * accept loop so takes every pending connection in one go, not one per turn behind thousands of
- * request fibers while the listen queue overflows. In a selector's select, in order as always. */
+ * under Ruby's reference scheduler (where the new fiber's wait yields back to its starter), and
+ * without taking the place of a fiber the turn was to resume. An accept loop so takes pending
+ * connections as fast as the turn's fibers run, not one per turn behind them. A turn lets as many
+ * starters go first as it had fibers ready (at least EVT_FIRST_MIN); past that they wait for the
+ * next turn, so a fiber that starts fibers without end cannot keep timers and events from the
+ * others. In a selector's select, in order as always. */
 void
 evt_waiter_ready_first(struct evt_loop *loop, struct evt_waiter *w)
 {
     w->state = EVT_READY;
     if (RB_UNLIKELY(loop->dispatching)) evt_list_append(&loop->dispatched, &w->ready_link);
-    else evt_list_prepend(&loop->ready, &w->ready_link);
+    else if (loop->first_budget) {
+        loop->first_budget--;
+        loop->first_pending++;
+        evt_list_prepend(&loop->ready, &w->ready_link);
+    }
+    else evt_list_append(&loop->ready, &w->ready_link);
     loop->ready_count++;
 }
 

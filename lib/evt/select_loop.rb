@@ -73,6 +73,9 @@ module Evt
     # A finished wait's report: its IO was closed under it.
     # @api private
     CLOSED = -2
+    # Starters that may go to the head of the ready queue in a turn, at the least (EVT_FIRST_MIN).
+    # @api private
+    FIRST_MIN = 64
 
     # @return [Array<Symbol>] the backends of this loop: [:select]
     def self.backends

@@ -93,8 +93,14 @@ module Evt
     # Resumes the fibers that were ready when it started; true when `until_waiter` came up.
     def resume_ready(until_waiter)
       count = @ready.size
-      while count.positive? && (waiter = @ready.shift)
-        count -= 1
+      @first_budget = [count, FIRST_MIN].max
+      @first_pending = 0
+      until @ready.empty?
+        if @first_pending.positive? then @first_pending -= 1 # a starter gone first: not one of the count
+        elsif count.zero? then break
+        else count -= 1
+        end
+        waiter = @ready.shift
         next unless waiter.state == :ready # left meanwhile (Fiber#raise, kill)
 
         waiter.state = :idle

@@ -40,6 +40,8 @@ module Evt
       @thread = Thread.current
       @forks = SelectLoop.forks
       @ready = []
+      @first_budget = FIRST_MIN
+      @first_pending = 0
       @timers = Timers.new
       @watched = {}.compare_by_identity # io => {waiter => events}
       @closing = {}.compare_by_identity # io => true: another thread closes it (see #close_io)
@@ -139,6 +141,8 @@ module Evt
       # starting before the loop did), and the GC's finalizer closes it without waiting.
       @wakeup_r = @wakeup_w = nil
       @ready = []
+      @first_budget = FIRST_MIN
+      @first_pending = 0
       @timers.clear
       @watched.clear
       @closing.clear

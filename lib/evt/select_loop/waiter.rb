@@ -180,12 +180,19 @@ module Evt
       signal if @blocked # from a trap handler while IO.select waits: it must see the fiber ready
     end
 
-    # The fiber that started a new one: ahead of the others, resumed once that one waits (as
+    # The fiber that started a new one: ahead of the others, resumed once that one waits, up to as
+    # many starters a turn as it had fibers ready (at least FIRST_MIN), then at the back (as
     # evt_waiter_ready_first in waiter.c; the loop here has no selector's select to keep in order).
     def ready_first(waiter)
       waiter.result = SPURIOUS
       waiter.state = :ready
-      @ready.unshift(waiter)
+      if @first_budget.positive?
+        @first_budget -= 1
+        @first_pending += 1
+        @ready.unshift(waiter)
+      else
+        @ready << waiter
+      end
     end
 
     # A fiber left its wait without the loop resuming it: the fiber that switched to it must wait in
