@@ -63,6 +63,7 @@ module Bench
 
         key = metric(scenario) or next []
         same = @results.select { |r| r[:scenario] == scenario && r[key].is_a?(Numeric) && !r[:hang] }
+        same = at_largest_n(same)
         unit = UNITS.fetch(key, key.to_s)
         if %w[falcon rails].include?(scenario)
           same.group_by { |r| r[:app] }.map do |app, per_app|
@@ -182,6 +183,13 @@ module Bench
     end
 
     # Three significant digits under 1, then two decimals under 10, then one.
+    # close-waiters' rows carry the largest N each reached: only those at the scenario's largest N
+    # compare (a subject that failed past some N would look fast at a smaller one).
+    def at_largest_n(rows)
+      largest = rows.filter_map { |r| r[:n] }.max or return rows
+      rows.select { |r| r[:n] == largest }
+    end
+
     def figure(row, key)
       return "—" unless row
 
