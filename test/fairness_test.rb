@@ -57,22 +57,16 @@ class FairnessTest < Minitest::Test
   def test_an_accept_loop_takes_every_pending_connection_within_a_few_turns
     server = TCPServer.new("127.0.0.1", 0)
     clients = Array.new(CONNECTIONS) { TCPSocket.new("127.0.0.1", server.local_address.ip_port) }
-    turns = 0
     accepted_at = []
     done = false
     evt do
       # Fibers always ready, as request fibers under load are: a turn resumes each of them.
       BUSY.times { Fiber.schedule { sleep 0 until done } }
-      Fiber.schedule do
-        until done
-          sleep 0
-          turns += 1
-        end
-      end
+      count_turns { done }
       Fiber.schedule do
         CONNECTIONS.times do
           connection = server.accept
-          accepted_at << turns
+          accepted_at << @turns
           Fiber.schedule { connection.read(1) } # waits: the client writes nothing yet
         end
         clients.each { |client| client.write_nonblock("x") }
@@ -90,19 +84,13 @@ class FairnessTest < Minitest::Test
   # A fiber that starts fibers without pause goes first only so many times a turn (as many as the
   # turn had ready, at least 64): the others still run every turn.
   def test_a_fiber_starting_fibers_without_pause_does_not_starve_the_others
-    turns = 0
     done = false
     started_at = Hash.new(0)
     evt do
-      Fiber.schedule do
-        until done
-          sleep 0
-          turns += 1
-        end
-      end
+      count_turns { done }
       Fiber.schedule do
         1000.times do
-          started_at[turns] += 1
+          started_at[@turns] += 1
           Fiber.schedule { sleep 0.2 }
         end
         done = true
@@ -110,5 +98,19 @@ class FairnessTest < Minitest::Test
     end
     assert_operator started_at.size, :>=, 10, "the other fiber ran only #{started_at.size} turns while 1,000 fibers started"
     assert_operator started_at.values.max, :<=, 70, "#{started_at.values.max} fibers started in one turn"
+  end
+
+  private
+
+  # A fiber that counts the loop's turns in @turns until the block says to stop: a fiber that
+  # yields is resumed once a turn.
+  def count_turns
+    @turns = 0
+    Fiber.schedule do
+      until yield
+        sleep 0
+        @turns += 1
+      end
+    end
   end
 end

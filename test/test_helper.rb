@@ -9,6 +9,17 @@ require "fileutils"
 
 # Helpers for the behaviour tests. Every test runs on the backend bin/test chose (EVT_BACKEND).
 module EvtTest
+  # The executable of +gem+ at the version Gemfile.lock names (the :docs group's yard and rbs): the
+  # checks that use one fail, rather than skip, without it.
+  def self.locked_gem_executable(gem)
+    locked = File.read(File.expand_path("../Gemfile.lock", __dir__))[/^    #{Regexp.escape(gem)} \(([^)]+)\)$/, 1]
+    raise Minitest::Assertion, "Gemfile.lock names no #{gem}: run bin/setup (the Gemfile's :docs group has it)" unless locked
+
+    Gem.bin_path(gem, gem, locked)
+  rescue Gem::LoadError, Gem::Exception => e
+    raise Minitest::Assertion, "#{gem} #{locked} is not installed for Ruby #{RUBY_VERSION} (#{e.class}): run bin/setup"
+  end
+
   # The backend under test; nil when EVT_BACKEND is unset (the default choice).
   BACKEND = ENV.fetch("EVT_BACKEND", "").then { |name| name.empty? ? nil : name.to_sym }
   # Whether the tests run on the pure-Ruby loop (what it cannot offer is in the README): without the

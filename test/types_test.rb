@@ -56,14 +56,7 @@ class TypesTest < Minitest::Test
 
   private
 
-  # rbs's executable, of the version Gemfile.lock names; the test fails (it does not skip) without it.
-  def rbs_executable
-    locked = File.read(File.join(ROOT, "Gemfile.lock"))[/^    rbs \(([^)]+)\)$/, 1]
-    flunk "Gemfile.lock names no rbs: run `bundle install` (the Gemfile's :docs group has it)" unless locked
-    Gem.bin_path("rbs", "rbs", locked)
-  rescue Gem::LoadError, Gem::Exception => e
-    flunk "rbs #{locked} is not installed for Ruby #{RUBY_VERSION} (#{e.class}): run bin/setup"
-  end
+  def rbs_executable = EvtTest.locked_gem_executable("rbs")
 
   # Runs this Ruby with evt's lib and Bundler set up (the project's Gemfile) in the project's root,
   # in a process group of its own that is killed after LIMIT seconds. [stdout with stderr, status],

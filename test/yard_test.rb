@@ -79,14 +79,7 @@ class YardTest < Minitest::Test
     Build.new(doc: doc, stats: stats, paths: list.lines.map { |line| line.chomp.split(": ").last })
   end
 
-  # yard's executable, of the version Gemfile.lock names; the tests fail (not skip) without it.
-  def yard_executable
-    locked = File.read(File.join(ROOT, "Gemfile.lock"))[/^    yard \(([^)]+)\)$/, 1]
-    flunk "Gemfile.lock names no yard: run bin/setup (the Gemfile's :docs group has it)" unless locked
-    Gem.bin_path("yard", "yard", locked)
-  rescue Gem::LoadError, Gem::Exception => e
-    flunk "yard #{locked} is not installed for Ruby #{RUBY_VERSION} (#{e.class}): run bin/setup"
-  end
+  def yard_executable = EvtTest.locked_gem_executable("yard")
 
   # Runs yard with this Ruby and Bundler in the project's root: its output (stdout and stderr).
   # Fails when yard exits non-zero or is still running after LIMIT seconds.
