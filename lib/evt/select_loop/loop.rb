@@ -127,7 +127,9 @@ module Evt
         # The kernel first, then the timers: an event that came before a waiter's deadline wakes it
         # as ready, however long the turn's fibers kept the loop from looking.
         first = @timers.first
-        timeout = if !@ready.empty? then 0
+        # Nothing to wait for while fibers are ready or requests wait (one made by a fiber of this
+        # turn, such as a fiber_interrupt, wakes nobody), as poll_timeout in loop.c.
+        timeout = if !@ready.empty? || !@requests.empty? then 0
                   elsif first then [first.deadline - now, 0].max
                   end
         wait(timeout)
