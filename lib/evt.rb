@@ -57,7 +57,14 @@ module Evt
   #     # @!method self.backends
   #     #   The backends this build has, fastest first, whether or not they can run on this
   #     #   machine ({probe} says; {Choosing#availables} lists those that can).
-  #     #   @return [Array<Symbol>] some of :io_uring, :epoll, :poll and :select
+  #     #   @return [Array<Symbol>] some of :kqueue, :io_uring, :epoll, :poll and :select
+  #
+  #     # @!method self.emulation(name)
+  #     #   What stands in for the backend's kernel mechanism here: "libkqueue, over epoll" for
+  #     #   kqueue on Linux (a backend there to be tested, never the automatic choice).
+  #     #   @param name [Symbol, String]
+  #     #   @return [String, nil] nil when the kernel has the mechanism, or the name is unknown
+  #     #   @raise [TypeError] `name` is not a Symbol or String
   #
   #     # @!method self.probe(name)
   #     #   Whether the backend `name` can run here.

@@ -26,6 +26,14 @@ class FaultResetTest < Minitest::Test
     server&.close
   end
 
+  # The kqueue backend on Linux runs on libkqueue, which reads a socket's pending error with
+  # getsockopt(SO_ERROR) to put it in the event, and so clears it: the call that comes next finds the
+  # connection gone, as if another caller had been told of the reset (a reader meets end of file, a
+  # writer EPIPE). A real kqueue leaves the error for that call. The README says so (Backends).
+  def reset_taken_by_libkqueue?
+    EvtTest::BACKEND == :kqueue && RUBY_PLATFORM.include?("linux")
+  end
+
   # Closes +socket+ with a reset instead of an orderly shutdown.
   def reset(socket)
     socket.setsockopt(Socket::Option.linger(true, 0))
@@ -46,11 +54,20 @@ class FaultResetTest < Minitest::Test
     expected = READERS.transform_values do |read|
       client, peer = tcp_pair
       reset(peer)
+      if reset_taken_by_libkqueue?
+        IO.select([client])
+        client.getsockopt(:SOCKET, :ERROR)
+        next begin
+          read.call(client)
+        rescue SystemCallError, IOError => e
+          e.class
+        end
+      end
       error_without_scheduler { read.call(client) }.class
     ensure
       client&.close
     end
-    assert_equal [Errno::ECONNRESET], expected.values.uniq
+    assert_equal [Errno::ECONNRESET], expected.values.uniq unless reset_taken_by_libkqueue?
 
     before = descriptor_table
     outcomes = {}
@@ -94,6 +111,7 @@ class FaultResetTest < Minitest::Test
       client&.close
     end
     assert_equal Errno::ECONNRESET, expected
+    expected = "partial" if reset_taken_by_libkqueue? # read(100) meets end of file after it
 
     outcome = nil
     evt do
@@ -129,6 +147,7 @@ class FaultResetTest < Minitest::Test
       client&.close
     end
     assert_equal [Errno::ECONNRESET, Errno::EPIPE], expected
+    expected = [Errno::EPIPE, Errno::EPIPE] if reset_taken_by_libkqueue?
 
     before = descriptor_table
     outcomes = []
@@ -188,7 +207,9 @@ class FaultResetTest < Minitest::Test
     end
     assert_includes [Errno::ECONNRESET, nil], read_outcome
     assert_includes [Errno::ECONNRESET, Errno::EPIPE], write_outcome
-    assert_includes [read_outcome, write_outcome], Errno::ECONNRESET, "the reset was reported to neither"
+    unless reset_taken_by_libkqueue?
+      assert_includes [read_outcome, write_outcome], Errno::ECONNRESET, "the reset was reported to neither"
+    end
   end
 
   # Many connections reset at once, half of them with a reader waiting, half with a writer: each
@@ -196,7 +217,7 @@ class FaultResetTest < Minitest::Test
   def test_many_connections_reset_at_once
     count = 60
     before = descriptor_table
-    outcomes = Array.new(count)
+    outcomes = Array.new(count, :waiting)
     survivors = []
     evt do
       peers = Array.new(count) do |i|
@@ -214,12 +235,18 @@ class FaultResetTest < Minitest::Test
       kept = Array.new(5) { tcp_pair }
       kept.each_with_index { |(a, _), i| Fiber.schedule { survivors[i] = a.read(6) } }
       peers.each { |peer| reset(peer) }
-      sleep 0.001 until outcomes.all?
+      sleep 0.001 until outcomes.all? { |outcome| outcome != :waiting }
       kept.each_with_index { |(_, b), i| b.write(format("alive%d", i)) }
       sleep 0.001 until survivors.compact.size == kept.size
       kept.flatten.each(&:close)
     end
-    assert_equal [Errno::ECONNRESET] * count, outcomes
+    if reset_taken_by_libkqueue?
+      outcomes.each_with_index do |outcome, i|
+        assert_includes [Errno::ECONNRESET, i.even? ? nil : Errno::EPIPE], outcome, "connection #{i}"
+      end
+    else
+      assert_equal [Errno::ECONNRESET] * count, outcomes
+    end
     assert_equal Array.new(5) { |i| format("alive%d", i) }, survivors
     assert_no_descriptor_leaked before
   end

@@ -56,7 +56,7 @@ class IODescriptorsTest < Minitest::Test
         sleep 0.01
         number = r.fileno
         r.close
-        r2, w2 = IO.pipe
+        r2, w2 = pipe_reading_at(number)
         outcome[:reused] = (r2.fileno == number)
         Fiber.schedule { outcome[:new] = r2.read(5) }
         w2.write("HELLO")
@@ -80,7 +80,7 @@ class IODescriptorsTest < Minitest::Test
       number = r1.fileno
       r1.close
       w1.close
-      r2, w2 = IO.pipe
+      r2, w2 = pipe_reading_at(number)
       assert_equal number, r2.fileno, "the test needs the number to be reused"
       Fiber.schedule do
         sleep 0.01
@@ -102,7 +102,7 @@ class IODescriptorsTest < Minitest::Test
       r1.read_nonblock(1)
       number = r1.fileno
       r1.close
-      r2, w2 = IO.pipe
+      r2, w2 = pipe_reading_at(number)
       assert_equal number, r2.fileno, "the test needs the number to be reused"
       Fiber.schedule do
         sleep 0.01
@@ -128,5 +128,23 @@ class IODescriptorsTest < Minitest::Test
         GC.start
       end
     end
+  end
+
+  private
+
+  # A pipe whose reading end has descriptor `number`, free again: the lowest free number is not
+  # always it (a backend's own descriptors, libkqueue's, may be released late), so pipes are made
+  # until one lands there. The others are closed.
+  def pipe_reading_at(number)
+    held = []
+    256.times do
+      r, w = IO.pipe
+      return [r, w] if r.fileno == number
+
+      held << r << w
+    end
+    IO.pipe
+  ensure
+    held.each(&:close)
   end
 end

@@ -137,6 +137,9 @@ struct evt_backend {
     /* Its watch on a descriptor ends with each report (io_uring's one-shot polls): after
      * evt_waiter_fired the core arms it again while waiters for the descriptor remain. */
     int oneshot;
+    /* What stands in for the mechanism where the kernel has none (libkqueue for kqueue on Linux),
+     * else NULL: such a backend is there to be tested, and comes after the others. */
+    const char *emulation;
     /* NULL when this backend can run on this machine, else why not (said once, then remembered). */
     const char *(*probe)(void);
     /* Creates the kernel objects and sets loop->kernel.data; loop->kernel.wakeup is open already. 0, or
@@ -194,6 +197,7 @@ evt_out_of_descriptors(int err)
 /* The backends (evt.c lists those this build has, fastest first). */
 
 extern const struct evt_backend evt_backend_epoll;
+extern const struct evt_backend evt_backend_kqueue;
 extern const struct evt_backend evt_backend_poll;
 extern const struct evt_backend evt_backend_select;
 extern const struct evt_backend evt_backend_uring;

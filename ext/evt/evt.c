@@ -18,6 +18,9 @@ static ID id_blocking_p;
 static VALUE eFiberError;
 
 static const struct evt_backend *const evt_backends[] = {
+#if defined(HAVE_SYS_EVENT_H) && !defined(__linux__)
+    &evt_backend_kqueue, /* macOS, the BSDs: the kernel's own */
+#endif
 #ifdef HAVE_LIBURING_H
     &evt_backend_uring,
 #endif
@@ -29,6 +32,9 @@ static const struct evt_backend *const evt_backends[] = {
 #endif
 #if defined(__linux__) && defined(HAVE_SYS_SELECT_H)
     &evt_backend_select, /* slowest: a wait costs in proportion to the highest descriptor */
+#endif
+#if defined(HAVE_SYS_EVENT_H) && defined(__linux__)
+    &evt_backend_kqueue, /* libkqueue, an emulation over epoll: there to test the backend, never the default */
 #endif
     NULL,
 };
@@ -311,6 +317,19 @@ loop_s_probe(VALUE klass, VALUE name)
     return reason ? rb_str_new_cstr(reason) : Qnil;
 }
 
+/*
+ * Evt::Loop.emulation(name) -> String or nil
+ *
+ * What stands in for the backend's kernel mechanism on this machine ("libkqueue, over epoll" for
+ * kqueue on Linux), or nil when the kernel has it (or the name is unknown).
+ */
+static VALUE
+loop_s_emulation(VALUE klass, VALUE name)
+{
+    const struct evt_backend *backend = backend_named(name);
+    return backend && backend->emulation ? rb_str_new_cstr(backend->emulation) : Qnil;
+}
+
 RUBY_FUNC_EXPORTED void
 Init_evt(void)
 {
@@ -324,6 +343,7 @@ Init_evt(void)
 
     rb_define_singleton_method(evt_object_class, "backends", loop_s_backends, 0);
     rb_define_singleton_method(evt_object_class, "probe", loop_s_probe, 1);
+    rb_define_singleton_method(evt_object_class, "emulation", loop_s_emulation, 1);
     rb_define_method(evt_object_class, "initialize", loop_initialize, 1);
     rb_define_method(evt_object_class, "run", loop_run_m, 0);
     rb_define_method(evt_object_class, "scheduler_close", loop_scheduler_close, 0);

@@ -49,4 +49,21 @@ have_func("rb_fiber_scheduler_blocking_operation_extract", "ruby/fiber/scheduler
 # io_uring through liburing (whatever the headers say, the kernel is probed at run time).
 have_library("uring", "io_uring_queue_init_params", "liburing.h") && have_header("liburing.h")
 
+# kqueue: the kernel's own on macOS and the BSDs. On Linux, libkqueue (an emulation over epoll)
+# where pkg-config finds it, or under the prefix EVT_LIBKQUEUE names: the backend is then built
+# for testing, and never chosen by default. Its library directory goes into the extension's
+# run path, so that a libkqueue outside the linker's own directories is found at run time.
+if RUBY_PLATFORM.include?("linux")
+  prefix = ENV.fetch("EVT_LIBKQUEUE", "")
+  unless prefix.empty?
+    ENV["PKG_CONFIG_PATH"] = [File.join(prefix, "lib", "pkgconfig"), ENV.fetch("PKG_CONFIG_PATH", nil)].compact.join(":")
+  end
+  if pkg_config("libkqueue") && have_header("sys/event.h") && have_func("kqueue", "sys/event.h")
+    libdir = `pkg-config --variable=libdir libkqueue`.strip
+    $LDFLAGS << " -Wl,-rpath,#{libdir}" unless libdir.empty?
+  end
+else
+  have_header("sys/event.h") && have_func("kqueue", "sys/event.h")
+end
+
 create_makefile("evt/evt")

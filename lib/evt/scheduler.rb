@@ -336,7 +336,8 @@ module Evt
     # @example
     #   Evt::Scheduler.availables # => [:io_uring, :epoll, :poll, :select] on a recent Linux
     # @return [Array<Symbol>] the backends that can run on this machine, fastest first (`select`
-    #   is always there, and last: the pure-Ruby loop has it where the C loop does not).
+    #   is always there, and last of those the kernel has: the pure-Ruby loop has it where the C
+    #   loop does not); an emulated one (kqueue through libkqueue on Linux) comes after it.
     def availables
       Loop.backends.select { |name| Loop.probe(name).nil? } | [:select]
     end
@@ -396,8 +397,8 @@ module Evt
   #   scheduler.backend   # => :epoll
   #   scheduler.pool_size # => 2
   # @example A backend that cannot run here
-  #   Evt::Scheduler.new(backend: :kqueue)
-  #   # ArgumentError: evt: backend :kqueue is unknown; available: :io_uring, :epoll, :poll, :select
+  #   Evt::Scheduler.new(backend: :iocp)
+  #   # ArgumentError: evt: backend :iocp is unknown; available: :io_uring, :epoll, :poll, :select
   class Scheduler < Loop
     prepend Scheduling
     extend Choosing

@@ -90,6 +90,14 @@ module Evt
       BACKENDS.include?(backend_name(name)) ? nil : "unknown backend"
     end
 
+    # @param name [Symbol, String]
+    # @return [nil] the pure-Ruby loop emulates nothing
+    # @raise [TypeError] `name` is not a Symbol or String
+    def self.emulation(name)
+      backend_name(name)
+      nil
+    end
+
     def self.backend_name(name)
       unless name.is_a?(Symbol) || name.is_a?(String)
         raise TypeError, "evt: backend name must be a Symbol or String, not #{name.class}"

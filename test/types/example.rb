@@ -45,7 +45,9 @@ select_loop = !Evt.extension? || (backend == :select && !Evt::Loop.backends.incl
 # ---- what evt tells about itself -----------------------------------------------------------------
 check "VERSION", Evt::VERSION.match?(/\A\d+\.\d+\.\d+/)
 check "extension?", Evt.extension? == Evt::EXTENSION_MISSING.nil?
-check "availables", Evt::Scheduler.availables.last == :select && Evt::Scheduler.availables.include?(backend)
+natives = Evt::Scheduler.availables.reject { |name| Evt::Loop.emulation(name) }
+check "availables", natives.last == :select && Evt::Scheduler.availables.include?(backend)
+check "emulation", Evt::Loop.emulation(:select).nil?
 check "backends", (Evt::Loop.backends & Evt::Scheduler.availables) == Evt::Loop.backends.select { |name| Evt::Loop.probe(name).nil? }
 check "probe", Evt::Loop.probe(:no_such_backend) == "unknown backend"
 buggy = Evt::RUBY_BUGS.keys.first

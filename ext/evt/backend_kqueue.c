@@ -1,0 +1,308 @@
+/* The kqueue backend (macOS, the BSDs; on Linux through libkqueue, an emulation over epoll).
+ *
+ * A waiter's interest is one one-shot knote per filter: EVFILT_READ for IO::READABLE,
+ * EVFILT_WRITE for IO::WRITABLE, EVFILT_EXCEPT with NOTE_OOB for IO::PRIORITY where the kernel
+ * has it. A knote ends with its report (.oneshot: the core arms again while waiters remain), so a
+ * descriptor nobody waits on holds nothing in the kqueue. The registration's generation and the
+ * descriptor ride in the knote's udata: a report for an older file that had the same number is
+ * recognised and dropped by the core.
+ *
+ * The backend keeps, per descriptor, which knotes it added and has not seen end (its own table,
+ * as io_uring's backend does): a wait marks the filters it reports, so that dropping a watch
+ * deletes only what the kqueue still holds. A real kqueue forgets a descriptor's knotes when the
+ * descriptor closes; libkqueue cannot see the close, and the next EV_ADD on the number fails.
+ * So the backend deletes what is left before a close the loop sees (disarm, release), and when an
+ * EV_ADD fails, it deletes the number's knotes and adds them once more before it gives up.
+ *
+ * A kqueue is not inherited by fork(2) (libkqueue closes its copies in the child): a child frees
+ * the backend's memory and leaves the number alone, which may name another file by then. */
+#include "core.h"
+
+#ifdef HAVE_SYS_EVENT_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/event.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#define WAKEUP_TAG ((uintptr_t)UINTPTR_MAX)
+#define INITIAL_DESCRIPTORS 64
+#define CHUNK 512 /* events a kevent call asks for: libkqueue's most (MAX_KEVENT) */
+
+_Static_assert(sizeof(void *) >= sizeof(uint64_t), "a knote's udata holds a descriptor and a generation");
+
+/* What the kqueue holds for one descriptor: the knotes added for `generation` and not yet reported
+ * (EVT_READABLE, EVT_WRITABLE, EVT_PRIORITY bits). */
+struct kqueue_descriptor {
+    uint32_t generation;
+    unsigned char knotes;
+};
+
+struct kqueue_backend {
+    int kq;
+    pid_t owner;                           /* the process that made kq: a forked child has none */
+    int capacity;                          /* of events: grows to the core's fired capacity */
+    struct kevent *events;                 /* malloc'd: grown inside wait, without the GVL */
+    int descriptors_size;
+    struct kqueue_descriptor *descriptors; /* by descriptor number, grown by arm (with the GVL) */
+};
+
+#ifdef EVFILT_EXCEPT
+#define WATCHED (EVT_READABLE | EVT_WRITABLE | EVT_PRIORITY)
+#else
+#define WATCHED (EVT_READABLE | EVT_WRITABLE) /* IO::PRIORITY: only an error or end of file reports it */
+#endif
+
+static void *
+tag(int fd, uint32_t generation)
+{
+    return (void *)(uintptr_t)(((uint64_t)generation << 32) | (uint32_t)fd);
+}
+
+/* The knote of `filter` on fd: to add for `generation` (add), or to delete. */
+static void
+knote(struct kevent *change, int fd, int event, int add, uint32_t generation)
+{
+    short filter = event == EVT_READABLE ? EVFILT_READ : EVFILT_WRITE;
+    unsigned int fflags = 0;
+#ifdef EVFILT_EXCEPT
+    if (event == EVT_PRIORITY) {
+        filter = EVFILT_EXCEPT;
+        fflags = NOTE_OOB;
+    }
+#endif
+    EV_SET(change, (uintptr_t)fd, filter, add ? EV_ADD | EV_ONESHOT : EV_DELETE, fflags, 0, add ? tag(fd, generation) : NULL);
+}
+
+static const char *
+kqueue_probe(void)
+{
+    int kq = kqueue();
+    if (kq < 0) return evt_out_of_descriptors(errno) ? NULL : strerror(errno);
+    (void)close(kq);
+    return NULL;
+}
+
+static int
+kqueue_open(struct evt_loop *loop)
+{
+    int kq = kqueue();
+    if (kq < 0) return -errno;
+    struct kqueue_backend *backend = calloc(1, sizeof(*backend));
+    int err = backend ? 0 : ENOMEM;
+    if (!err) {
+        /* The wakeup descriptor: a knote for good (not one-shot), drained on each report. */
+        struct kevent change;
+        EV_SET(&change, (uintptr_t)loop->kernel.wakeup.read_fd, EVFILT_READ, EV_ADD, 0, 0, (void *)WAKEUP_TAG);
+        if (kevent(kq, &change, 1, NULL, 0, NULL) < 0) err = errno;
+    }
+    if (!err && fcntl(kq, F_SETFD, FD_CLOEXEC) < 0) err = errno;
+    if (err) {
+        free(backend);
+        (void)close(kq);
+        return -err;
+    }
+    backend->kq = kq;
+    backend->owner = getpid();
+    loop->kernel.data = backend;
+    return 0;
+}
+
+static void
+kqueue_close(struct evt_loop *loop)
+{
+    struct kqueue_backend *backend = loop->kernel.data;
+    if (backend->owner == getpid()) (void)close(backend->kq); /* released whatever close(2) says */
+    free(backend->events);
+    free(backend->descriptors);
+    free(backend);
+}
+
+/* The backend's entry for fd, the table grown to hold it; NULL when memory runs out. */
+static struct kqueue_descriptor *
+descriptor(struct kqueue_backend *backend, int fd)
+{
+    if (fd < backend->descriptors_size) return &backend->descriptors[fd];
+    if (fd > INT_MAX / 2) return NULL;
+    int size = backend->descriptors_size ? backend->descriptors_size : INITIAL_DESCRIPTORS;
+    while (size <= fd) size *= 2;
+    struct kqueue_descriptor *grown = realloc(backend->descriptors, (size_t)size * sizeof(*grown));
+    if (!grown) return NULL;
+    memset(grown + backend->descriptors_size, 0, (size_t)(size - backend->descriptors_size) * sizeof(*grown));
+    backend->descriptors = grown;
+    backend->descriptors_size = size;
+    return &backend->descriptors[fd];
+}
+
+/* Deletes the knotes of `events` on fd one by one, whatever each answers (ENOENT: it had ended). */
+static void
+delete_knotes(struct kqueue_backend *backend, int fd, int events)
+{
+    for (int event = 1; event <= EVT_WRITABLE; event <<= 1) {
+        if (!(events & event)) continue;
+        struct kevent change;
+        knote(&change, fd, event, 0, 0);
+        (void)kevent(backend->kq, &change, 1, NULL, 0, NULL);
+    }
+}
+
+/* Adds a knote for each event wanted and deletes those not wanted any more, in one call. */
+static int
+apply(struct kqueue_backend *backend, int fd, int add, int delete, uint32_t generation)
+{
+    struct kevent changes[3];
+    int n = 0;
+    for (int event = 1; event <= EVT_WRITABLE; event <<= 1) {
+        if (add & event) knote(&changes[n++], fd, event, 1, generation);
+        else if (delete & event) knote(&changes[n++], fd, event, 0, 0);
+    }
+    if (n == 0 || kevent(backend->kq, changes, n, NULL, 0, NULL) == 0) return 0;
+    /* A delete of a knote that ended as the wait reported it is no failure. */
+    if (errno == ENOENT && !add) return 0;
+    /* libkqueue's errno is not always set. */
+    return errno ? -errno : -EBADF;
+}
+
+static int
+kqueue_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+{
+    struct kqueue_backend *backend = loop->kernel.data;
+    struct evt_backend_slot *slot = &reg->slot;
+    if (slot->generation != reg->generation) {
+        /* Once per IO on the descriptor: a file, directory or block device is always ready (kqueue
+         * reports a regular file readable only before its end, and libkqueue refuses some): say
+         * so as epoll does, so that every backend wakes their waiters alike. */
+        struct stat st;
+        if (fstat(fd, &st) < 0) return -errno;
+        if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) || S_ISBLK(st.st_mode)) return -EPERM;
+        slot->generation = reg->generation;
+    }
+    struct kqueue_descriptor *d = descriptor(backend, fd);
+    if (!d) return -ENOMEM;
+    /* Knotes of an older file on the number: a real kqueue dropped them at its close. */
+    int held = d->generation == reg->generation ? d->knotes : 0;
+    int want = reg->events & WATCHED;
+    /* Every knote wanted is added again: one that was reported has ended, and the core arms after
+     * each report. Adding one that is still there only renews it. */
+    errno = 0;
+    int err = apply(backend, fd, want, held & ~want, reg->generation);
+    if (err < 0 && err != -ENOMEM) {
+        /* Knotes left by a file closed without EV_DELETE (libkqueue): gone, then once more. */
+        delete_knotes(backend, fd, WATCHED);
+        errno = 0;
+        err = apply(backend, fd, want, 0, reg->generation);
+    }
+    d->generation = reg->generation;
+    d->knotes = err < 0 ? 0 : (unsigned char)want;
+    slot->interest = reg->events;
+    return err;
+}
+
+static void
+kqueue_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+{
+    struct kqueue_backend *backend = loop->kernel.data;
+    reg->slot.interest = 0;
+    if (fd >= backend->descriptors_size) return;
+    struct kqueue_descriptor *d = &backend->descriptors[fd];
+    if (d->knotes && d->generation == reg->generation) {
+        errno = 0;
+        (void)apply(backend, fd, 0, d->knotes, 0); /* a failure: the descriptor is gone already */
+    }
+    d->knotes = 0;
+}
+
+/* A waiter leaving does not always disarm first (the last one of an IO that closes): nothing of
+ * the file may stay in a libkqueue that cannot see the close. */
+static void
+kqueue_release(struct evt_loop *loop, int fd, struct evt_registration *reg)
+{
+    kqueue_disarm(loop, fd, reg);
+}
+
+static int
+kqueue_wait(struct evt_loop *loop, int64_t timeout_ns)
+{
+    struct kqueue_backend *backend = loop->kernel.data;
+    if (backend->capacity < loop->kernel.fired_capacity) {
+        /* The core's array grew: so does ours (a failure keeps the smaller one). */
+        struct kevent *events = realloc(backend->events, (size_t)loop->kernel.fired_capacity * sizeof(*events));
+        if (events) {
+            backend->events = events;
+            backend->capacity = loop->kernel.fired_capacity;
+        }
+        else if (!backend->capacity) return -ENOMEM;
+    }
+    /* libkqueue hands out at most CHUNK events a call, however many it has: while a call returns
+     * all it was asked for, the next looks for more, without waiting. */
+    struct timespec ts = {(time_t)(timeout_ns / 1000000000), (long)(timeout_ns % 1000000000)};
+    static const struct timespec no_wait = {0, 0};
+    const struct timespec *limit = timeout_ns < 0 ? NULL : &ts;
+    int n = 0;
+    for (;;) {
+        int ask = backend->capacity - n < CHUNK ? backend->capacity - n : CHUNK;
+        int got = kevent(backend->kq, NULL, 0, backend->events + n, ask, limit);
+        if (got < 0) {
+            if (n) break; /* what the earlier calls took is reported */
+            return errno == EINTR ? 0 : -errno;
+        }
+        n += got;
+        if (got < ask || n == backend->capacity) break;
+        limit = &no_wait;
+    }
+    int fired = 0;
+    for (int i = 0; i < n; i++) {
+        struct kevent *event = &backend->events[i];
+        if ((uintptr_t)event->udata == WAKEUP_TAG) {
+            evt_wakeup_drain(&loop->kernel.wakeup);
+            continue;
+        }
+        uint64_t data = (uint64_t)(uintptr_t)event->udata;
+        int fd = (int)(uint32_t)data;
+        uint32_t generation = (uint32_t)(data >> 32);
+        /* Into poll(2)'s bits, under the one rule (backend.h): an error, or the end of the stream
+         * (EV_EOF: the peer closed, a socket error in fflags), counts as every event. */
+        unsigned revents = 0;
+        int event_bit = EVT_READABLE;
+        if (event->filter == EVFILT_READ) revents = POLLIN;
+        else if (event->filter == EVFILT_WRITE) revents = POLLOUT, event_bit = EVT_WRITABLE;
+#ifdef EVFILT_EXCEPT
+        else if (event->filter == EVFILT_EXCEPT) revents = POLLPRI, event_bit = EVT_PRIORITY;
+#endif
+        if (event->flags & EV_EOF) revents |= POLLHUP;
+        if (event->flags & EV_ERROR) revents |= POLLERR;
+        /* The knote has ended (one-shot, or refused with EV_ERROR): the table says so, for disarm. */
+        if (fd >= 0 && fd < backend->descriptors_size && backend->descriptors[fd].generation == generation)
+            backend->descriptors[fd].knotes &= (unsigned char)~event_bit;
+        loop->kernel.fired[fired++] = (struct evt_fired){
+            .fd = fd,
+            .generation = generation,
+            .events = evt_events_from_poll(revents),
+        };
+    }
+    return fired;
+}
+
+const struct evt_backend evt_backend_kqueue = {
+    .name = "kqueue",
+    .oneshot = 1,
+#ifdef __linux__
+    .emulation = "libkqueue, over epoll",
+#endif
+    .probe = kqueue_probe,
+    .open = kqueue_open,
+    .close = kqueue_close,
+    .arm = kqueue_arm,
+    .disarm = kqueue_disarm,
+    .wait = kqueue_wait,
+    .release = kqueue_release,
+};
+
+#endif
