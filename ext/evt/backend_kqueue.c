@@ -15,7 +15,8 @@
  * EV_ADD fails, it deletes the number's knotes and adds them once more before it gives up.
  *
  * A kqueue is not inherited by fork(2) (libkqueue closes its copies in the child): a child frees
- * the backend's memory and leaves the number alone, which may name another file by then. */
+ * the backend's memory and leaves the number alone, which may name another file by then. On Linux
+ * kqueues are kept for reuse instead of closed (below: libkqueue's closes race). */
 #include "core.h"
 
 #ifdef HAVE_SYS_EVENT_H
@@ -81,33 +82,143 @@ knote(struct kevent *change, int fd, int event, int add, uint32_t generation)
     EV_SET(change, (uintptr_t)fd, filter, add ? EV_ADD | EV_ONESHOT : EV_DELETE, fflags, 0, add ? tag(fd, generation) : NULL);
 }
 
+/* ---- kqueues kept for reuse (libkqueue) --------------------------------------------------------
+ *
+ * libkqueue learns that a kqueue was closed from a thread of its own, which matches the close to a
+ * kqueue by number: while other threads open and close kqueues, it can free a kqueue just made on
+ * that number, and close descriptors that are no longer its own. So on Linux the backend never
+ * closes a kqueue: it empties it and keeps it for the next loop of the process. A real kqueue is
+ * closed as usual. */
+#ifdef __linux__
+#include <pthread.h>
+
+static pthread_mutex_t spares_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t spares_once = PTHREAD_ONCE_INIT;
+static int *spares;
+static int spares_count, spares_capacity;
+
+static void
+spares_before_fork(void)
+{
+    (void)pthread_mutex_lock(&spares_lock);
+}
+
+static void
+spares_after_fork(void)
+{
+    (void)pthread_mutex_unlock(&spares_lock);
+}
+
+/* A child has none: libkqueue closed the parent's kqueues in it. */
+static void
+spares_in_child(void)
+{
+    spares_count = 0;
+    (void)pthread_mutex_unlock(&spares_lock);
+}
+
+static void
+spares_init(void)
+{
+    (void)pthread_atfork(spares_before_fork, spares_after_fork, spares_in_child);
+}
+
+static int
+spare_take(void)
+{
+    (void)pthread_once(&spares_once, spares_init);
+    (void)pthread_mutex_lock(&spares_lock);
+    int kq = spares_count ? spares[--spares_count] : -1;
+    (void)pthread_mutex_unlock(&spares_lock);
+    return kq;
+}
+
+/* Whether kq was kept (else the caller closes it). */
+static int
+spare_keep(int kq)
+{
+    (void)pthread_once(&spares_once, spares_init);
+    (void)pthread_mutex_lock(&spares_lock);
+    if (spares_count == spares_capacity) {
+        int capacity = spares_capacity ? spares_capacity * 2 : 8;
+        int *grown = realloc(spares, (size_t)capacity * sizeof(*grown));
+        if (grown) {
+            spares = grown;
+            spares_capacity = capacity;
+        }
+    }
+    int kept = spares_count < spares_capacity;
+    if (kept) spares[spares_count++] = kq;
+    (void)pthread_mutex_unlock(&spares_lock);
+    return kept;
+}
+#else
+static int
+spare_take(void)
+{
+    return -1;
+}
+
+static int
+spare_keep(int kq)
+{
+    return 0;
+}
+#endif
+
+/* A kqueue, a kept one if there is one: its number, or -errno. */
+static int
+kqueue_get(void)
+{
+    int kq = spare_take();
+    if (kq >= 0) return kq;
+    kq = kqueue();
+    if (kq < 0) return -errno;
+    if (fcntl(kq, F_SETFD, FD_CLOEXEC) < 0) {
+        int err = errno;
+        (void)close(kq);
+        return -err;
+    }
+    return kq;
+}
+
+/* Done with an empty kqueue: kept for reuse (libkqueue), else closed. */
+static void
+kqueue_put(int kq)
+{
+    if (!spare_keep(kq)) (void)close(kq); /* released whatever close(2) says */
+}
+
 static const char *
 kqueue_probe(void)
 {
-    int kq = kqueue();
-    if (kq < 0) return evt_out_of_descriptors(errno) ? NULL : strerror(errno);
-    (void)close(kq);
+    int kq = kqueue_get();
+    if (kq < 0) return evt_out_of_descriptors(-kq) ? NULL : strerror(-kq);
+    kqueue_put(kq);
     return NULL;
+}
+
+/* Adds or deletes the wakeup descriptor's knote: one for good (not one-shot), drained on each
+ * report. 0, or -errno. */
+static int
+wakeup_knote(int kq, struct evt_loop *loop, int add)
+{
+    struct kevent change;
+    EV_SET(&change, (uintptr_t)loop->kernel.wakeup.read_fd, EVFILT_READ, add ? EV_ADD : EV_DELETE, 0, 0, (void *)WAKEUP_TAG);
+    return kevent(kq, &change, 1, NULL, 0, NULL) < 0 ? -errno : 0;
 }
 
 static int
 kqueue_open(struct evt_loop *loop)
 {
-    int kq = kqueue();
-    if (kq < 0) return -errno;
     struct kqueue_backend *backend = calloc(1, sizeof(*backend));
-    int err = backend ? 0 : ENOMEM;
-    if (!err) {
-        /* The wakeup descriptor: a knote for good (not one-shot), drained on each report. */
-        struct kevent change;
-        EV_SET(&change, (uintptr_t)loop->kernel.wakeup.read_fd, EVFILT_READ, EV_ADD, 0, 0, (void *)WAKEUP_TAG);
-        if (kevent(kq, &change, 1, NULL, 0, NULL) < 0) err = errno;
-    }
-    if (!err && fcntl(kq, F_SETFD, FD_CLOEXEC) < 0) err = errno;
-    if (err) {
+    if (!backend) return -ENOMEM;
+    int kq = kqueue_get();
+    int err = kq < 0 ? kq : wakeup_knote(kq, loop, 1);
+    if (err < 0) {
+        if (kq >= 0) (void)close(kq);
         free(backend);
-        (void)close(kq);
-        return -err;
+        return err;
     }
     backend->kq = kq;
     backend->owner = getpid();
@@ -115,11 +226,32 @@ kqueue_open(struct evt_loop *loop)
     return 0;
 }
 
+/* Deletes what the backend added to its kqueue: whether all of it went. */
+static int
+kqueue_empty(struct evt_loop *loop)
+{
+    struct kqueue_backend *backend = loop->kernel.data;
+    int empty = wakeup_knote(backend->kq, loop, 0) == 0;
+    for (int fd = 0; fd < backend->descriptors_size; fd++) {
+        for (int event = 1; event <= EVT_WRITABLE; event <<= 1) {
+            if (!(backend->descriptors[fd].knotes & event)) continue;
+            struct kevent change;
+            knote(&change, fd, event, 0, 0);
+            if (kevent(backend->kq, &change, 1, NULL, 0, NULL) < 0 && errno != ENOENT) empty = 0;
+        }
+    }
+    return empty;
+}
+
 static void
 kqueue_close(struct evt_loop *loop)
 {
     struct kqueue_backend *backend = loop->kernel.data;
-    if (backend->owner == getpid()) (void)close(backend->kq); /* released whatever close(2) says */
+    /* In a forked child the number is not a kqueue of this process: it may name another file. */
+    if (backend->owner == getpid()) {
+        if (kqueue_empty(loop)) kqueue_put(backend->kq);
+        else (void)close(backend->kq);
+    }
     free(backend->events);
     free(backend->descriptors);
     free(backend);
