@@ -121,9 +121,12 @@ class FaultForkTest < Minitest::Test
   # at_exit (minitest's) and no scheduler close runs there.
   def fork_child(waiters)
     report_r, report_w = IO.pipe
+    # What the child inherits, counted before the fork: a kqueue is not inherited (BSD; libkqueue
+    # closes it in the child before any code of the child runs), and the child opens its own.
+    inherited = open_descriptors - 1 # report_r, closed in the child
     pid = fork do
       report_r.close
-      descriptors = open_descriptors
+      descriptors = inherited
       waiters.provoke
       results = child_work
       # Everything the child opened is closed, and the parent's kernel objects it dropped were not

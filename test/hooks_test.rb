@@ -303,6 +303,28 @@ class HooksTest < Minitest::Test
     assert_operator ticks, :>, 0
   end
 
+  # io_uring (waitid in the ring) and kqueue (EVFILT_PROC, NOTE_EXIT) watch a child themselves: the
+  # wait ends when it exits, and leaves it for Ruby to reap. A wait given up (a timeout) takes its
+  # watch back: the child's exit afterwards reaches nobody.
+  def test_the_backend_watches_a_child_itself_where_it_can
+    evt do
+      scheduler = Fiber.scheduler
+      pid = Process.spawn("sleep 0.05")
+      exited = scheduler.__send__(:wait_child_exit, pid)
+      if exited.nil?
+        Process.wait(pid)
+        skip "the #{scheduler.backend} backend cannot watch a process here"
+      end
+      assert_equal true, exited
+      assert_equal pid, Process.wait(pid, Process::WNOHANG), "exited, and left to be reaped"
+
+      pid = Process.spawn("sleep 0.2")
+      assert_raises(Timeout::Error) { Timeout.timeout(0.02) { scheduler.__send__(:wait_child_exit, pid) } }
+      assert_equal pid, Process.wait(pid)
+      sleep 0.05 # a turn of the loop after the exit, which no watch may report
+    end
+  end
+
   def test_process_wait_for_any_child
     status = ticks = nil
     evt do

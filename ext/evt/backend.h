@@ -111,7 +111,7 @@ evt_backend_slot_clear(struct evt_backend_slot *slot)
  * result, and not after cancel() has returned. */
 enum evt_op_kind {
     EVT_OP_TRANSFER,   /* read or write, as below */
-    EVT_OP_WAITID,     /* until child process `fd` (a pid) exits; base: a siginfo_t. -ENOTSUP if unsupported */
+    EVT_OP_WAITID,     /* until child process `fd` (a pid) exits; base: a siginfo_t (io_uring's). -ENOTSUP if unsupported */
 };
 
 struct evt_op {
@@ -167,8 +167,12 @@ struct evt_backend {
     /* Optional: transfers done by the backend. Submits op: 0, or -errno when it cannot (the core
      * then does the transfer itself). */
     int (*transfer)(struct evt_loop *loop, struct evt_op *op);
-    /* Stops a pending op and returns once its completion is reaped: the kernel is done with the
-     * memory. May report other completions meanwhile. */
+    /* Optional: watches child process op->fd (a pid, EVT_OP_WAITID) until it exits, reported as a
+     * transfer is (evt_waiter_done, with 0) and stopped by cancel. 0, or -errno: -ESRCH when there
+     * is no such process, -ENOTSUP when the backend cannot watch it (the caller waits another way). */
+    int (*wait_exit)(struct evt_loop *loop, struct evt_op *op);
+    /* Stops a pending op (a transfer or a wait_exit) and returns once its completion is reaped: the
+     * kernel is done with the memory. May report other completions meanwhile. */
     void (*cancel)(struct evt_loop *loop, struct evt_op *op);
     /* Optional, with transfer: a read from fd (recv(2) when `socket`) that the backend would wait
      * for, tried at once first when the backend finds that worth it; with the GVL. Returns the bytes
@@ -183,6 +187,10 @@ struct evt_backend {
      * wait on. No request naming the descriptor may reach the kernel after the close: the number
      * could belong to another file by then. The loop's thread may be waiting in the kernel. */
     void (*closed_elsewhere)(struct evt_loop *loop, int fd);
+
+    /* Optional: closes the kernel objects the backend keeps between loops for reuse (libkqueue's
+     * kqueues, backend_kqueue.c); the number closed. */
+    int (*close_kept)(void);
 };
 
 /* Whether a failure to make a kernel object says nothing about the mechanism: the process or the

@@ -14,10 +14,13 @@
  * So the backend deletes what is left before a close the loop sees (disarm, release), and when an
  * EV_ADD fails, it deletes the number's knotes and adds them once more before it gives up.
  *
+ * Process.wait watches the child with EVFILT_PROC and NOTE_EXIT (below).
+ *
  * A kqueue is not inherited by fork(2) (libkqueue closes its copies in the child): a child frees
  * the backend's memory and leaves the number alone, which may name another file by then. On Linux
  * kqueues are kept for reuse instead of closed (below: libkqueue's closes race). */
 #include "core.h"
+#include "waiter.h"
 
 #ifdef HAVE_SYS_EVENT_H
 
@@ -53,6 +56,9 @@ struct kqueue_backend {
     struct kevent *events;                 /* malloc'd: grown inside wait, without the GVL */
     int descriptors_size;
     struct kqueue_descriptor *descriptors; /* by descriptor number, grown by arm (with the GVL) */
+    int watches;                           /* EVFILT_PROC knotes added and not yet reported */
+    int exited_count, exited_capacity;     /* the capacity is at least `watches`, grown with the GVL */
+    struct evt_op **exited;                /* what a wait collected for complete() to report */
 };
 
 #ifdef EVFILT_EXCEPT
@@ -87,8 +93,9 @@ knote(struct kevent *change, int fd, int event, int add, uint32_t generation)
  * libkqueue learns that a kqueue was closed from a thread of its own, which matches the close to a
  * kqueue by number: while other threads open and close kqueues, it can free a kqueue just made on
  * that number, and close descriptors that are no longer its own. So on Linux the backend never
- * closes a kqueue: it empties it and keeps it for the next loop of the process. A real kqueue is
- * closed as usual. */
+ * closes a kqueue: it empties it and keeps it for the next loop of the process (Evt::Loop's
+ * private close_kept closes those kept, for a caller that knows no other thread opens one). A real
+ * kqueue is closed as usual. */
 #ifdef __linux__
 #include <pthread.h>
 
@@ -133,7 +140,7 @@ spare_take(void)
     return kq;
 }
 
-/* Whether kq was kept (else the caller closes it). */
+/* Whether kq, empty, was kept (else the caller closes it). */
 static int
 spare_keep(int kq)
 {
@@ -151,6 +158,17 @@ spare_keep(int kq)
     if (kept) spares[spares_count++] = kq;
     (void)pthread_mutex_unlock(&spares_lock);
     return kept;
+}
+
+static int
+kqueue_close_kept(void)
+{
+    (void)pthread_once(&spares_once, spares_init);
+    (void)pthread_mutex_lock(&spares_lock);
+    int closed = spares_count;
+    while (spares_count) (void)close(spares[--spares_count]);
+    (void)pthread_mutex_unlock(&spares_lock);
+    return closed;
 }
 #else
 static int
@@ -173,28 +191,26 @@ kqueue_get(void)
     int kq = spare_take();
     if (kq >= 0) return kq;
     kq = kqueue();
-    if (kq < 0) return -errno;
-    if (fcntl(kq, F_SETFD, FD_CLOEXEC) < 0) {
-        int err = errno;
-        (void)close(kq);
+    int err = kq < 0 || fcntl(kq, F_SETFD, FD_CLOEXEC) < 0 ? errno : 0;
+    if (err) {
+        if (kq >= 0) (void)close(kq);
         return -err;
     }
     return kq;
 }
 
-/* Done with an empty kqueue: kept for reuse (libkqueue), else closed. */
+/* Done with kq: kept for reuse when `empty` (libkqueue), else closed. */
 static void
-kqueue_put(int kq)
+kqueue_put(int kq, int empty)
 {
-    if (!spare_keep(kq)) (void)close(kq); /* released whatever close(2) says */
+    if (!empty || !spare_keep(kq)) (void)close(kq); /* released whatever close(2) says */
 }
 
+/* kqueue(2) fails only for want of descriptors or memory, which opening reports: nothing to try
+ * (a kqueue made and closed for each probe would cost libkqueue a thread's work, later). */
 static const char *
 kqueue_probe(void)
 {
-    int kq = kqueue_get();
-    if (kq < 0) return evt_out_of_descriptors(-kq) ? NULL : strerror(-kq);
-    kqueue_put(kq);
     return NULL;
 }
 
@@ -216,7 +232,7 @@ kqueue_open(struct evt_loop *loop)
     int kq = kqueue_get();
     int err = kq < 0 ? kq : wakeup_knote(kq, loop, 1);
     if (err < 0) {
-        if (kq >= 0) (void)close(kq);
+        if (kq >= 0) kqueue_put(kq, 0);
         free(backend);
         return err;
     }
@@ -249,11 +265,11 @@ kqueue_close(struct evt_loop *loop)
     struct kqueue_backend *backend = loop->kernel.data;
     /* In a forked child the number is not a kqueue of this process: it may name another file. */
     if (backend->owner == getpid()) {
-        if (kqueue_empty(loop)) kqueue_put(backend->kq);
-        else (void)close(backend->kq);
+        kqueue_put(backend->kq, kqueue_empty(loop));
     }
     free(backend->events);
     free(backend->descriptors);
+    free(backend->exited);
     free(backend);
 }
 
@@ -396,6 +412,10 @@ kqueue_wait(struct evt_loop *loop, int64_t timeout_ns)
             evt_wakeup_drain(&loop->kernel.wakeup);
             continue;
         }
+        if (event->filter == EVFILT_PROC) {
+            backend->exited[backend->exited_count++] = event->udata; /* reported by complete() */
+            continue;
+        }
         uint64_t data = (uint64_t)(uintptr_t)event->udata;
         int fd = (int)(uint32_t)data;
         uint32_t generation = (uint32_t)(data >> 32);
@@ -422,6 +442,62 @@ kqueue_wait(struct evt_loop *loop, int64_t timeout_ns)
     return fired;
 }
 
+/* ---- Process.wait: EVFILT_PROC, NOTE_EXIT ---------------------------------------------------------
+ *
+ * The child is left to be reaped by Ruby, which makes the Process::Status. A knote's udata is the
+ * op; a wait collects the exits, complete() reports them with the GVL. */
+
+static int
+kqueue_wait_exit(struct evt_loop *loop, struct evt_op *op)
+{
+    struct kqueue_backend *backend = loop->kernel.data;
+    if (backend->watches == backend->exited_capacity) {
+        int capacity = backend->exited_capacity ? backend->exited_capacity * 2 : 4;
+        struct evt_op **grown = realloc(backend->exited, (size_t)capacity * sizeof(*grown));
+        if (!grown) return -ENOMEM;
+        backend->exited = grown;
+        backend->exited_capacity = capacity;
+    }
+    struct kevent change;
+    EV_SET(&change, (uintptr_t)op->fd, EVFILT_PROC, EV_ADD | EV_ONESHOT, NOTE_EXIT, 0, op);
+    if (kevent(backend->kq, &change, 1, NULL, 0, NULL) < 0) return errno == ESRCH ? -ESRCH : -ENOTSUP;
+    backend->watches++;
+    op->pending = 1;
+    return 0;
+}
+
+static void
+kqueue_complete(struct evt_loop *loop)
+{
+    struct kqueue_backend *backend = loop->kernel.data;
+    int count = backend->exited_count;
+    backend->exited_count = 0;
+    for (int i = 0; i < count; i++) {
+        backend->watches--;
+        evt_waiter_done(loop, backend->exited[i], 0);
+    }
+}
+
+/* The exit a wait collected and nobody reported yet, or the knote: gone before this returns. */
+static void
+kqueue_cancel(struct evt_loop *loop, struct evt_op *op)
+{
+    struct kqueue_backend *backend = loop->kernel.data;
+    int collected = 0;
+    for (int i = 0; i < backend->exited_count && !collected; i++) {
+        if (backend->exited[i] != op) continue;
+        backend->exited[i] = backend->exited[--backend->exited_count];
+        collected = 1;
+    }
+    if (!collected) {
+        struct kevent change;
+        EV_SET(&change, (uintptr_t)op->fd, EVFILT_PROC, EV_DELETE, 0, 0, NULL);
+        (void)kevent(backend->kq, &change, 1, NULL, 0, NULL); /* ENOENT: the process is gone, and so is the knote */
+    }
+    backend->watches--;
+    evt_waiter_done(loop, op, -ECANCELED);
+}
+
 const struct evt_backend evt_backend_kqueue = {
     .name = "kqueue",
     .oneshot = 1,
@@ -434,7 +510,13 @@ const struct evt_backend evt_backend_kqueue = {
     .arm = kqueue_arm,
     .disarm = kqueue_disarm,
     .wait = kqueue_wait,
+    .complete = kqueue_complete,
+    .wait_exit = kqueue_wait_exit,
+    .cancel = kqueue_cancel,
     .release = kqueue_release,
+#ifdef __linux__
+    .close_kept = kqueue_close_kept,
+#endif
 };
 
 #endif

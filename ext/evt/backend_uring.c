@@ -564,6 +564,7 @@ const struct evt_backend evt_backend_uring = {
     .wait = uring_wait,
     .complete = uring_complete,
     .transfer = uring_transfer,
+    .wait_exit = uring_transfer,
     .cancel = uring_cancel,
     .read_now = uring_read_now,
     .release = uring_release,

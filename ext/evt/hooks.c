@@ -209,14 +209,14 @@ loop_timeout_after(int argc, VALUE *argv, VALUE self)
  * wait_child_exit(pid) -> true, false or nil
  *
  * Waits in the loop until child +pid+ has exited, leaving it to be reaped: through the backend's
- * own waitid (io_uring, Linux 6.7). true when it exited, false when there is no such child, nil
- * when the backend cannot wait for processes.
+ * own watch (io_uring's waitid, Linux 6.7; kqueue's EVFILT_PROC). true when it exited, false when
+ * there is no such child, nil when the backend cannot wait for processes.
  */
 static VALUE
 loop_wait_child_exit(VALUE self, VALUE pid)
 {
     struct evt_loop *loop = evt_object_get(self);
-    if (!loop->kernel.backend->transfer) return Qnil;
+    if (!loop->kernel.backend->wait_exit) return Qnil;
     siginfo_t info;
     memset(&info, 0, sizeof(info));
     struct evt_op op = {.kind = EVT_OP_WAITID, .fd = NUM2PIDT(pid), .base = &info, .position = -1};

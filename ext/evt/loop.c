@@ -665,7 +665,8 @@ start_op(struct evt_loop *loop, struct evt_wait *wait)
     else {
         evt_list_append(&loop->operations, &w->io_link);
     }
-    int err = loop->kernel.backend->transfer(loop, op);
+    const struct evt_backend *backend = loop->kernel.backend;
+    int err = op->kind == EVT_OP_WAITID ? backend->wait_exit(loop, op) : backend->transfer(loop, op);
     if (err < 0) evt_waiter_done(loop, op, err);
     else if (op->pending) loop->kernel.ops++;
 }
