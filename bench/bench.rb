@@ -202,6 +202,10 @@ module Bench
         abort "bin/bench: unknown subject #{unknown.join(", ")}; subjects: #{subjects.map(&:first).join(", ")}" if unknown.any?
         subjects.select! { |name, _| @options[:subjects].include?(name) }
       end
+      subjects.each do |name, _|
+        emulation = @emulated[name] or next
+        note "bin/bench: #{name} runs on #{emulation}: an emulation, not a figure of the kernel's own mechanism"
+      end
       subjects
     end
 
@@ -217,10 +221,14 @@ module Bench
       names.map { |name| [name, nil] }
     end
 
+    # The backends evt can run on here; those emulated (kqueue through libkqueue on Linux) are
+    # remembered in @emulated, subject => what stands in for the kernel's mechanism.
     def evt_backends
-      out, status = Open3.capture2(*ruby, "-e", 'require "evt"; puts Evt::Scheduler.availables')
+      out, status = Open3.capture2(*ruby, "-e", 'require "evt"; Evt::Scheduler.availables.each { |b| puts [b, Evt::Loop.emulation(b)].compact.join("\t") }')
       abort "bin/bench: evt does not load" unless status.success?
-      out.split
+      rows = out.lines.map { |line| line.chomp.split("\t", 2) }
+      @emulated = rows.select { |_, emulation| emulation }.to_h { |name, emulation| ["evt-#{name}", emulation] }
+      rows.map(&:first)
     end
 
     def c_server_problem

@@ -57,6 +57,11 @@ module Bench
 
     # [{label:, unit:, key:, c:, evt:, peer:}]: +key+ the metric, each of c, evt and peer a row of
     # the results (or nil); soak, which has no metric: [{label:, unit:, text:}], its verdicts.
+    # Subjects that ran on an emulation (evt-kqueue on Linux): never evt's best.
+    def emulated
+      @document[:emulated] || {}
+    end
+
     def rows
       scenarios.flat_map do |scenario|
         next soak if scenario == "soak"
@@ -74,7 +79,8 @@ module Bench
         else
           peers = CORE_SUBJECTS.key?(scenario) ? [] : same.select { |r| SUMMARY_PEERS.include?(r[:subject]) }
           [{label: scenario, unit: unit, key: key, c: same.find { |r| r[:subject] == "c-epoll" },
-            evt: best(same.select { |r| r[:subject].match?(/\Aevt(-|\z)/) }, key), peer: best(peers, key)}]
+            evt: best(same.select { |r| r[:subject].match?(/\Aevt(-|\z)/) && !emulated.key?(r[:subject].to_sym) }, key),
+            peer: best(peers, key)}]
         end
       end
     end

@@ -48,9 +48,17 @@ module EvtTest
 
   # The kqueue backend on Linux keeps the kqueues of closed loops for the next ones (libkqueue
   # cannot close them safely while other threads open kqueues); a count of descriptors closes
-  # them first, as no other thread opens a loop then.
+  # them first, as no other thread opens a loop then. libkqueue releases the two descriptors it
+  # holds for each (its epoll and a pipe's end) from a thread of its own: waited for, 2 s at most.
   def close_kept_kqueues
-    Evt::Loop.__send__(:close_kept) if Evt::Loop.respond_to?(:close_kept, true)
+    return unless Evt::Loop.respond_to?(:close_kept, true)
+
+    closed = Evt::Loop.__send__(:close_kept)
+    return if closed.zero?
+
+    released = Dir.children("/proc/self/fd").size - 2 * closed
+    deadline = monotonic + 2
+    sleep 0.005 until Dir.children("/proc/self/fd").size <= released || monotonic > deadline
   end
 
   # Runs +script+ in a new Ruby with evt's lib: what it printed (stdout and stderr), and how it

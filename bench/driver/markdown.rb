@@ -53,6 +53,10 @@ module Bench
     def header
       rows = [["machine", machine], ["Ruby", ruby], ["date", date], ["command", code_or_not(@document[:command])],
               ["commit", commit], ["duration", duration], ["connections", connections], ["sizes", sizes]]
+      emulated = @document[:emulated] || {}
+      emulated.each do |subject, emulation|
+        rows << ["emulated", "#{subject}: #{emulation}, not a figure of the kernel's own mechanism"]
+      end
       rows << ["results", "[#{File.basename(@source)}](#{@source})"] if @source
       ["| | |", "|---|---|", *rows.map { |name, value| "| #{name} | #{escape(value)} |" }]
     end

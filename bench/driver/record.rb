@@ -13,7 +13,7 @@ module Bench
   # field that cannot be read is nil.
   def provenance
     {command: command_line, started_at: iso8601(@started_at), finished_at: iso8601(Time.now.utc),
-     machine: machine, git: @git, scenarios: scenario_records}
+     machine: machine, git: @git, scenarios: scenario_records, emulated: @emulated || {}}
   rescue StandardError => e
     note "bin/bench: the run's command, machine and scenarios are not recorded: #{e.class}: #{e.message}"
     {}

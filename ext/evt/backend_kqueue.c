@@ -22,7 +22,7 @@
 #include "core.h"
 #include "waiter.h"
 
-#ifdef HAVE_SYS_EVENT_H
+#ifdef HAVE_KQUEUE
 
 #include <errno.h>
 #include <fcntl.h>

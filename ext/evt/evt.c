@@ -18,7 +18,7 @@ static ID id_blocking_p;
 static VALUE eFiberError;
 
 static const struct evt_backend *const evt_backends[] = {
-#if defined(HAVE_SYS_EVENT_H) && !defined(__linux__)
+#if defined(HAVE_KQUEUE) && !defined(__linux__)
     &evt_backend_kqueue, /* macOS, the BSDs: the kernel's own */
 #endif
 #ifdef HAVE_LIBURING_H
@@ -33,7 +33,7 @@ static const struct evt_backend *const evt_backends[] = {
 #if defined(__linux__) && defined(HAVE_SYS_SELECT_H)
     &evt_backend_select, /* slowest: a wait costs in proportion to the highest descriptor */
 #endif
-#if defined(HAVE_SYS_EVENT_H) && defined(__linux__)
+#if defined(HAVE_KQUEUE) && defined(__linux__)
     &evt_backend_kqueue, /* libkqueue, an emulation over epoll: there to test the backend, never the default */
 #endif
     NULL,

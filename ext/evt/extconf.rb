@@ -49,19 +49,31 @@ have_func("rb_fiber_scheduler_blocking_operation_extract", "ruby/fiber/scheduler
 # io_uring through liburing (whatever the headers say, the kernel is probed at run time).
 have_library("uring", "io_uring_queue_init_params", "liburing.h") && have_header("liburing.h")
 
-# kqueue: the kernel's own on macOS and the BSDs. On Linux, libkqueue (an emulation over epoll)
-# where pkg-config finds it, or under the prefix EVT_LIBKQUEUE names: the backend is then built
-# for testing, and never chosen by default. Its library directory goes into the extension's
-# run path, so that a libkqueue outside the linker's own directories is found at run time.
+# kqueue: the kernel's own on macOS and the BSDs. On Linux, libkqueue (an emulation over epoll),
+# 2.6 or later, under the prefix EVT_LIBKQUEUE names or where pkg-config finds it: the backend is
+# then built for testing, and never chosen by default. Its library directory goes into the
+# extension's run path, so that a libkqueue outside the linker's own directories is found at run
+# time. The backend's code is compiled where HAVE_KQUEUE is defined.
 if RUBY_PLATFORM.include?("linux")
   prefix = ENV.fetch("EVT_LIBKQUEUE", "")
   unless prefix.empty?
     ENV["PKG_CONFIG_PATH"] = [File.join(prefix, "lib", "pkgconfig"), ENV.fetch("PKG_CONFIG_PATH", nil)].compact.join(":")
   end
-  if pkg_config("libkqueue") && have_header("sys/event.h") && have_func("kqueue", "sys/event.h")
+  saved = [$CFLAGS, $INCFLAGS, $LDFLAGS, $libs].map(&:dup)
+  found = pkg_config("libkqueue") && begin
+    includedir = `pkg-config --variable=includedir libkqueue`.strip
     libdir = `pkg-config --variable=libdir libkqueue`.strip
-    $LDFLAGS << " -Wl,-rpath,#{libdir}" unless libdir.empty?
+    # Older pkg-config files name include/kqueue where the library put include/sys/event.h.
+    $INCFLAGS << " -I#{includedir}" unless includedir.empty?
+    $LDFLAGS << " -L#{libdir} -Wl,-rpath,#{libdir}" unless libdir.empty?
+    # Before 2.6, libkqueue cannot watch an eventfd (the loop's wakeup), keeps kqueues in a forked
+    # child, and has no EVFILT_PROC on Linux: NOTE_FORK_CLEANUP came with 2.6.
+    have_header("sys/event.h") &&
+      (have_macro("NOTE_FORK_CLEANUP", "sys/event.h") ||
+       (puts("evt: libkqueue #{`pkg-config --modversion libkqueue`.strip} is older than 2.6: no kqueue backend"); false)) &&
+      have_func("kqueue", "sys/event.h")
   end
+  $CFLAGS, $INCFLAGS, $LDFLAGS, $libs = saved unless found
 else
   have_header("sys/event.h") && have_func("kqueue", "sys/event.h")
 end
