@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 struct evt_loop;
 struct evt_registration;
@@ -95,6 +96,22 @@ struct evt_backend_slot {
     unsigned char read_score;  /* read_now: how often a read's try at once found data lately */
     unsigned char read_skips;  /* read_now: reads left that go to the backend without that try */
 };
+
+/* Whether fd can be waited on, looked at once per IO on the descriptor (the slot then holds the
+ * registration's generation): 0; -EPERM for a regular file, directory or block device, which epoll
+ * refuses with EPERM and which poll, select and kqueue would call ready (kqueue: not past a file's
+ * end), so that every backend wakes their waiters alike (a PRIORITY wait on a file included); or
+ * -errno (EBADF: the descriptor is not open). */
+static inline int
+evt_backend_slot_check(struct evt_backend_slot *slot, int fd, uint32_t generation)
+{
+    if (slot->generation == generation) return 0;
+    struct stat st;
+    if (fstat(fd, &st) < 0) return -errno;
+    if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) || S_ISBLK(st.st_mode)) return -EPERM;
+    slot->generation = generation;
+    return 0;
+}
 
 static inline void
 evt_backend_slot_clear(struct evt_backend_slot *slot)

@@ -2,10 +2,12 @@
  *
  * A waiter's interest is one one-shot knote per filter: EVFILT_READ for IO::READABLE,
  * EVFILT_WRITE for IO::WRITABLE, EVFILT_EXCEPT with NOTE_OOB for IO::PRIORITY where the kernel
- * has it. A knote ends with its report (.oneshot: the core arms again while waiters remain), so a
- * descriptor nobody waits on holds nothing in the kqueue. The registration's generation and the
- * descriptor ride in the knote's udata: a report for an older file that had the same number is
- * recognised and dropped by the core.
+ * has it and takes it for the descriptor (else, for IO::PRIORITY alone, an EVFILT_READ that only
+ * an error or the end reaches: NOTE_LOWAT at INT_MAX, where there is NOTE_LOWAT). A knote ends
+ * with its report (.oneshot: the core arms again while waiters remain), so a descriptor nobody
+ * waits on holds nothing in the kqueue. The descriptor is the knote's ident, the registration's
+ * generation its udata: a report for an older file that had the same number is dropped by the
+ * core.
  *
  * The backend keeps, per descriptor, which knotes it added and has not seen end (its own table,
  * as io_uring's backend does): a wait marks the filters it reports, so that dropping a watch
@@ -36,14 +38,27 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#define WAKEUP_TAG ((uintptr_t)UINTPTR_MAX)
 #define INITIAL_DESCRIPTORS 64
 #define CHUNK 512 /* events a kevent call asks for: libkqueue's most (MAX_KEVENT) */
 
-_Static_assert(sizeof(void *) >= sizeof(uint64_t), "a knote's udata holds a descriptor and a generation");
+/* NetBSD before 10 types udata as an intptr_t. */
+#if defined(__NetBSD__) && defined(__NetBSD_Version__) && __NetBSD_Version__ < 1000000000
+#define UDATA(value) ((intptr_t)(value))
+#else
+#define UDATA(value) ((void *)(value))
+#endif
 
-/* What the kqueue holds for one descriptor: the knotes added for `generation` and not yet reported
- * (EVT_READABLE, EVT_WRITABLE, EVT_PRIORITY bits). */
+/* The knotes of one descriptor, as bits: the filter each stands for. */
+enum {
+    K_READ = 1,   /* EVFILT_READ */
+    K_EXCEPT = 2, /* EVFILT_EXCEPT */
+    K_WRITE = 4,  /* EVFILT_WRITE */
+    K_LOWAT = 8,  /* K_READ reports only an error or the end (IO::PRIORITY alone, no K_EXCEPT) */
+    K_ALL = K_READ | K_EXCEPT | K_WRITE,
+};
+
+/* What the kqueue holds for one descriptor: the knotes (K_ bits) added for `generation` and not yet
+ * reported. */
 struct kqueue_descriptor {
     uint32_t generation;
     unsigned char knotes;
@@ -56,36 +71,53 @@ struct kqueue_backend {
     struct kevent *events;                 /* malloc'd: grown inside wait, without the GVL */
     int descriptors_size;
     struct kqueue_descriptor *descriptors; /* by descriptor number, grown by arm (with the GVL) */
-    int watches;                           /* EVFILT_PROC knotes added and not yet reported */
-    int exited_count, exited_capacity;     /* the capacity is at least `watches`, grown with the GVL */
+    int watches, watches_capacity;         /* EVFILT_PROC knotes added and not yet reported */
+    struct evt_op **watched;               /* their ops; both arrays grow together, with the GVL */
+    int exited_count;
     struct evt_op **exited;                /* what a wait collected for complete() to report */
 };
 
-#ifdef EVFILT_EXCEPT
-#define WATCHED (EVT_READABLE | EVT_WRITABLE | EVT_PRIORITY)
-#else
-#define WATCHED (EVT_READABLE | EVT_WRITABLE) /* IO::PRIORITY: only an error or end of file reports it */
-#endif
-
-static void *
-tag(int fd, uint32_t generation)
+/* The knotes for waiters that want `events`; `except`: EVFILT_EXCEPT may be used. */
+static int
+knotes_for(int events, int except)
 {
-    return (void *)(uintptr_t)(((uint64_t)generation << 32) | (uint32_t)fd);
+    int knotes = 0;
+    if (events & EVT_READABLE) knotes |= K_READ;
+    if (events & EVT_WRITABLE) knotes |= K_WRITE;
+    if (events & EVT_PRIORITY) {
+#ifdef EVFILT_EXCEPT
+        if (except) return knotes | K_EXCEPT;
+#endif
+#ifdef NOTE_LOWAT
+        if (!(knotes & K_READ)) knotes |= K_READ | K_LOWAT;
+#endif
+        /* Else IO::PRIORITY alone is not watched (libkqueue): its timeout or the IO's close ends it. */
+    }
+    return knotes;
 }
 
-/* The knote of `filter` on fd: to add for `generation` (add), or to delete. */
+/* The change for knote `k` (one K_ bit) on fd: added for `generation` (`lowat`: K_LOWAT's read),
+ * or deleted. */
 static void
-knote(struct kevent *change, int fd, int event, int add, uint32_t generation)
+knote(struct kevent *change, int fd, int k, int add, uint32_t generation, int lowat)
 {
-    short filter = event == EVT_READABLE ? EVFILT_READ : EVFILT_WRITE;
+    short filter = k == K_WRITE ? EVFILT_WRITE : EVFILT_READ;
     unsigned int fflags = 0;
+    intptr_t data = 0;
 #ifdef EVFILT_EXCEPT
-    if (event == EVT_PRIORITY) {
+    if (k == K_EXCEPT) {
         filter = EVFILT_EXCEPT;
         fflags = NOTE_OOB;
     }
 #endif
-    EV_SET(change, (uintptr_t)fd, filter, add ? EV_ADD | EV_ONESHOT : EV_DELETE, fflags, 0, add ? tag(fd, generation) : NULL);
+#ifdef NOTE_LOWAT
+    if (k == K_READ && lowat) {
+        fflags = NOTE_LOWAT;
+        data = INT_MAX;
+    }
+#endif
+    EV_SET(change, (uintptr_t)fd, filter, add ? EV_ADD | EV_ONESHOT : EV_DELETE, fflags, data,
+           UDATA(add ? (uintptr_t)generation : 0));
 }
 
 /* ---- kqueues kept for reuse (libkqueue) --------------------------------------------------------
@@ -220,7 +252,7 @@ static int
 wakeup_knote(int kq, struct evt_loop *loop, int add)
 {
     struct kevent change;
-    EV_SET(&change, (uintptr_t)loop->kernel.wakeup.read_fd, EVFILT_READ, add ? EV_ADD : EV_DELETE, 0, 0, (void *)WAKEUP_TAG);
+    EV_SET(&change, (uintptr_t)loop->kernel.wakeup.read_fd, EVFILT_READ, add ? EV_ADD : EV_DELETE, 0, 0, UDATA(0));
     return kevent(kq, &change, 1, NULL, 0, NULL) < 0 ? -errno : 0;
 }
 
@@ -249,10 +281,10 @@ kqueue_empty(struct evt_loop *loop)
     struct kqueue_backend *backend = loop->kernel.data;
     int empty = wakeup_knote(backend->kq, loop, 0) == 0;
     for (int fd = 0; fd < backend->descriptors_size; fd++) {
-        for (int event = 1; event <= EVT_WRITABLE; event <<= 1) {
-            if (!(backend->descriptors[fd].knotes & event)) continue;
+        for (int k = 1; k <= K_WRITE; k <<= 1) {
+            if (!(backend->descriptors[fd].knotes & k)) continue;
             struct kevent change;
-            knote(&change, fd, event, 0, 0);
+            knote(&change, fd, k, 0, 0, 0);
             if (kevent(backend->kq, &change, 1, NULL, 0, NULL) < 0 && errno != ENOENT) empty = 0;
         }
     }
@@ -269,6 +301,7 @@ kqueue_close(struct evt_loop *loop)
     }
     free(backend->events);
     free(backend->descriptors);
+    free(backend->watched);
     free(backend->exited);
     free(backend);
 }
@@ -289,33 +322,39 @@ descriptor(struct kqueue_backend *backend, int fd)
     return &backend->descriptors[fd];
 }
 
-/* Deletes the knotes of `events` on fd one by one, whatever each answers (ENOENT: it had ended). */
+/* Deletes the knotes `knotes` of fd one by one, whatever each answers (ENOENT: it had ended; one
+ * call for all would stop at the first that fails). */
 static void
-delete_knotes(struct kqueue_backend *backend, int fd, int events)
+delete_knotes(struct kqueue_backend *backend, int fd, int knotes)
 {
-    for (int event = 1; event <= EVT_WRITABLE; event <<= 1) {
-        if (!(events & event)) continue;
+    for (int k = 1; k <= K_WRITE; k <<= 1) {
+        if (!(knotes & k)) continue;
         struct kevent change;
-        knote(&change, fd, event, 0, 0);
+        knote(&change, fd, k, 0, 0, 0);
         (void)kevent(backend->kq, &change, 1, NULL, 0, NULL);
     }
 }
 
-/* Adds a knote for each event wanted and deletes those not wanted any more, in one call. */
+/* Adds the knotes `add` (for `generation`) in one call, after deleting those of `held` not among
+ * them: 0, or -errno. */
 static int
-apply(struct kqueue_backend *backend, int fd, int add, int delete, uint32_t generation)
+apply(struct kqueue_backend *backend, int fd, int add, int held, uint32_t generation)
 {
+    delete_knotes(backend, fd, held & ~add & K_ALL);
     struct kevent changes[3];
     int n = 0;
-    for (int event = 1; event <= EVT_WRITABLE; event <<= 1) {
-        if (add & event) knote(&changes[n++], fd, event, 1, generation);
-        else if (delete & event) knote(&changes[n++], fd, event, 0, 0);
-    }
+    for (int k = 1; k <= K_WRITE; k <<= 1)
+        if (add & k) knote(&changes[n++], fd, k, 1, generation, (add & K_LOWAT) != 0);
+    errno = 0;
     if (n == 0 || kevent(backend->kq, changes, n, NULL, 0, NULL) == 0) return 0;
-    /* A delete of a knote that ended as the wait reported it is no failure. */
-    if (errno == ENOENT && !add) return 0;
-    /* libkqueue's errno is not always set. */
-    return errno ? -errno : -EBADF;
+    return errno ? -errno : -EBADF; /* libkqueue's errno is not always set */
+}
+
+/* A kqueue refusing a filter for a kind of descriptor. */
+static int
+refused(int err)
+{
+    return err == -EINVAL || err == -ENODEV || err == -EOPNOTSUPP || err == -ENOTSUP;
 }
 
 static int
@@ -323,32 +362,41 @@ kqueue_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
     struct kqueue_backend *backend = loop->kernel.data;
     struct evt_backend_slot *slot = &reg->slot;
-    if (slot->generation != reg->generation) {
-        /* Once per IO on the descriptor: a file, directory or block device is always ready (kqueue
-         * reports a regular file readable only before its end, and libkqueue refuses some): say
-         * so as epoll does, so that every backend wakes their waiters alike. */
-        struct stat st;
-        if (fstat(fd, &st) < 0) return -errno;
-        if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) || S_ISBLK(st.st_mode)) return -EPERM;
-        slot->generation = reg->generation;
-    }
+    int err = evt_backend_slot_check(slot, fd, reg->generation);
+    if (err < 0) return err;
     struct kqueue_descriptor *d = descriptor(backend, fd);
     if (!d) return -ENOMEM;
     /* Knotes of an older file on the number: a real kqueue dropped them at its close. */
     int held = d->generation == reg->generation ? d->knotes : 0;
-    int want = reg->events & WATCHED;
     /* Every knote wanted is added again: one that was reported has ended, and the core arms after
      * each report. Adding one that is still there only renews it. */
-    errno = 0;
-    int err = apply(backend, fd, want, held & ~want, reg->generation);
+    int want = knotes_for(reg->events, 1);
+    err = apply(backend, fd, want, held, reg->generation);
+    if (err < 0 && refused(err) && (want & K_EXCEPT)) {
+        /* EVFILT_EXCEPT is for sockets only on some kernels (macOS refuses it on a pipe). */
+        int without = knotes_for(reg->events, 0);
+        err = apply(backend, fd, without, want, reg->generation);
+        want = without;
+    }
+    if (err < 0 && refused(err)) {
+        /* A device kqueue cannot watch (macOS takes only ttys among character devices): always
+         * ready, as a file is. */
+        struct stat st;
+        if (fstat(fd, &st) == 0 && S_ISCHR(st.st_mode)) {
+            delete_knotes(backend, fd, K_ALL);
+            d->knotes = 0;
+            return -EPERM;
+        }
+    }
     if (err < 0 && err != -ENOMEM) {
         /* Knotes left by a file closed without EV_DELETE (libkqueue): gone, then once more. */
-        delete_knotes(backend, fd, WATCHED);
-        errno = 0;
+        delete_knotes(backend, fd, K_ALL);
         err = apply(backend, fd, want, 0, reg->generation);
     }
+    /* Even after a failure: an add of several may have been made, and deleting one that is not
+     * there costs nothing. */
     d->generation = reg->generation;
-    d->knotes = err < 0 ? 0 : (unsigned char)want;
+    d->knotes = (unsigned char)want;
     slot->interest = reg->events;
     return err;
 }
@@ -360,10 +408,7 @@ kqueue_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
     reg->slot.interest = 0;
     if (fd >= backend->descriptors_size) return;
     struct kqueue_descriptor *d = &backend->descriptors[fd];
-    if (d->knotes && d->generation == reg->generation) {
-        errno = 0;
-        (void)apply(backend, fd, 0, d->knotes, 0); /* a failure: the descriptor is gone already */
-    }
+    if (d->knotes && d->generation == reg->generation) delete_knotes(backend, fd, d->knotes);
     d->knotes = 0;
 }
 
@@ -408,31 +453,30 @@ kqueue_wait(struct evt_loop *loop, int64_t timeout_ns)
     int fired = 0;
     for (int i = 0; i < n; i++) {
         struct kevent *event = &backend->events[i];
-        if ((uintptr_t)event->udata == WAKEUP_TAG) {
+        if (event->filter == EVFILT_PROC) {
+            backend->exited[backend->exited_count++] = (struct evt_op *)(uintptr_t)event->udata; /* for complete() */
+            continue;
+        }
+        int fd = (int)event->ident;
+        if (event->filter == EVFILT_READ && fd == loop->kernel.wakeup.read_fd) {
             evt_wakeup_drain(&loop->kernel.wakeup);
             continue;
         }
-        if (event->filter == EVFILT_PROC) {
-            backend->exited[backend->exited_count++] = event->udata; /* reported by complete() */
-            continue;
-        }
-        uint64_t data = (uint64_t)(uintptr_t)event->udata;
-        int fd = (int)(uint32_t)data;
-        uint32_t generation = (uint32_t)(data >> 32);
+        uint32_t generation = (uint32_t)(uintptr_t)event->udata;
         /* Into poll(2)'s bits, under the one rule (backend.h): an error, or the end of the stream
          * (EV_EOF: the peer closed, a socket error in fflags), counts as every event. */
         unsigned revents = 0;
-        int event_bit = EVT_READABLE;
+        int ended = K_READ | K_LOWAT;
         if (event->filter == EVFILT_READ) revents = POLLIN;
-        else if (event->filter == EVFILT_WRITE) revents = POLLOUT, event_bit = EVT_WRITABLE;
+        else if (event->filter == EVFILT_WRITE) revents = POLLOUT, ended = K_WRITE;
 #ifdef EVFILT_EXCEPT
-        else if (event->filter == EVFILT_EXCEPT) revents = POLLPRI, event_bit = EVT_PRIORITY;
+        else if (event->filter == EVFILT_EXCEPT) revents = POLLPRI, ended = K_EXCEPT;
 #endif
         if (event->flags & EV_EOF) revents |= POLLHUP;
         if (event->flags & EV_ERROR) revents |= POLLERR;
         /* The knote has ended (one-shot, or refused with EV_ERROR): the table says so, for disarm. */
         if (fd >= 0 && fd < backend->descriptors_size && backend->descriptors[fd].generation == generation)
-            backend->descriptors[fd].knotes &= (unsigned char)~event_bit;
+            backend->descriptors[fd].knotes &= (unsigned char)~ended;
         loop->kernel.fired[fired++] = (struct evt_fired){
             .fd = fd,
             .generation = generation,
@@ -445,23 +489,49 @@ kqueue_wait(struct evt_loop *loop, int64_t timeout_ns)
 /* ---- Process.wait: EVFILT_PROC, NOTE_EXIT ---------------------------------------------------------
  *
  * The child is left to be reaped by Ruby, which makes the Process::Status. A knote's udata is the
- * op; a wait collects the exits, complete() reports them with the GVL. */
+ * op; a wait collects the exits, complete() reports them with the GVL. A kqueue holds one knote per
+ * process: a second wait for a process already watched waits another way (-ENOTSUP). */
+
+static int
+grow_watches(struct kqueue_backend *backend)
+{
+    int capacity = backend->watches_capacity ? backend->watches_capacity * 2 : 4;
+    struct evt_op **watched = realloc(backend->watched, (size_t)capacity * sizeof(*watched));
+    if (!watched) return -ENOMEM;
+    backend->watched = watched;
+    struct evt_op **exited = realloc(backend->exited, (size_t)capacity * sizeof(*exited));
+    if (!exited) return -ENOMEM;
+    backend->exited = exited;
+    backend->watches_capacity = capacity;
+    return 0;
+}
+
+/* Takes op off the list of watches: whether it was on it. */
+static int
+unwatch(struct kqueue_backend *backend, struct evt_op *op)
+{
+    for (int i = 0; i < backend->watches; i++) {
+        if (backend->watched[i] != op) continue;
+        backend->watched[i] = backend->watched[--backend->watches];
+        return 1;
+    }
+    return 0;
+}
 
 static int
 kqueue_wait_exit(struct evt_loop *loop, struct evt_op *op)
 {
     struct kqueue_backend *backend = loop->kernel.data;
-    if (backend->watches == backend->exited_capacity) {
-        int capacity = backend->exited_capacity ? backend->exited_capacity * 2 : 4;
-        struct evt_op **grown = realloc(backend->exited, (size_t)capacity * sizeof(*grown));
-        if (!grown) return -ENOMEM;
-        backend->exited = grown;
-        backend->exited_capacity = capacity;
+    for (int i = 0; i < backend->watches; i++)
+        if (backend->watched[i]->fd == op->fd) return -ENOTSUP;
+    if (backend->watches == backend->watches_capacity) {
+        int err = grow_watches(backend);
+        if (err < 0) return err;
     }
     struct kevent change;
-    EV_SET(&change, (uintptr_t)op->fd, EVFILT_PROC, EV_ADD | EV_ONESHOT, NOTE_EXIT, 0, op);
+    EV_SET(&change, (uintptr_t)op->fd, EVFILT_PROC, EV_ADD | EV_ONESHOT, NOTE_EXIT, 0, UDATA(op));
     if (kevent(backend->kq, &change, 1, NULL, 0, NULL) < 0) return errno == ESRCH ? -ESRCH : -ENOTSUP;
-    backend->watches++;
+    backend->watched[backend->watches++] = op;
     op->pending = 1;
     return 0;
 }
@@ -473,8 +543,8 @@ kqueue_complete(struct evt_loop *loop)
     int count = backend->exited_count;
     backend->exited_count = 0;
     for (int i = 0; i < count; i++) {
-        backend->watches--;
-        evt_waiter_done(loop, backend->exited[i], 0);
+        struct evt_op *op = backend->exited[i];
+        if (unwatch(backend, op)) evt_waiter_done(loop, op, 0);
     }
 }
 
@@ -491,10 +561,10 @@ kqueue_cancel(struct evt_loop *loop, struct evt_op *op)
     }
     if (!collected) {
         struct kevent change;
-        EV_SET(&change, (uintptr_t)op->fd, EVFILT_PROC, EV_DELETE, 0, 0, NULL);
+        EV_SET(&change, (uintptr_t)op->fd, EVFILT_PROC, EV_DELETE, 0, 0, UDATA(0));
         (void)kevent(backend->kq, &change, 1, NULL, 0, NULL); /* ENOENT: the process is gone, and so is the knote */
     }
-    backend->watches--;
+    unwatch(backend, op);
     evt_waiter_done(loop, op, -ECANCELED);
 }
 

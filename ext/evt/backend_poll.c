@@ -14,7 +14,6 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #define INITIAL_CAPACITY 64
@@ -89,19 +88,12 @@ poll_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
     struct poll_backend *backend = loop->kernel.data;
     struct evt_backend_slot *slot = &reg->slot;
-    if (slot->generation != reg->generation) {
-        /* Once per IO on the descriptor. poll(2) calls files always ready where epoll refuses them
-         * with EPERM; say so as epoll does, so that every backend wakes their waiters alike (a
-         * PRIORITY wait on a file included, which poll would never report). */
-        struct stat st;
-        if (fstat(fd, &st) < 0) return -errno;
-        if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) || S_ISBLK(st.st_mode)) return -EPERM;
-        slot->generation = reg->generation;
-    }
+    int err = evt_backend_slot_check(slot, fd, reg->generation);
+    if (err < 0) return err;
     int index = slot->index;
     if (index < 0) {
         if (backend->count == backend->capacity) {
-            int err = poll_grow(backend);
+            err = poll_grow(backend);
             if (err < 0) return err;
         }
         index = (int)backend->count++;

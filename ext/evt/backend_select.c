@@ -25,7 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/select.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* The kernel's fd_set word (include/uapi/linux/posix_types.h: an array of unsigned long). */
@@ -133,17 +132,10 @@ select_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
     struct select_backend *backend = loop->kernel.data;
     struct evt_backend_slot *slot = &reg->slot;
-    if (slot->generation != reg->generation) {
-        /* Once per IO on the descriptor. select(2) calls files always ready where epoll refuses
-         * them with EPERM; say so as epoll and poll do, so that every backend wakes their waiters
-         * alike. (fstat also fails with EBADF for a descriptor that is not open.) */
-        struct stat st;
-        if (fstat(fd, &st) < 0) return -errno;
-        if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode) || S_ISBLK(st.st_mode)) return -EPERM;
-        slot->generation = reg->generation;
-    }
+    int err = evt_backend_slot_check(slot, fd, reg->generation);
+    if (err < 0) return err;
     if ((size_t)fd >= backend->words * WORD_BITS) {
-        int err = select_grow_sets(backend, fd);
+        err = select_grow_sets(backend, fd);
         if (err < 0) return err;
     }
     if (slot->index < 0) {

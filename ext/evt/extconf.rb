@@ -68,14 +68,15 @@ if RUBY_PLATFORM.include?("linux")
     $LDFLAGS << " -L#{libdir} -Wl,-rpath,#{libdir}" unless libdir.empty?
     # Before 2.6, libkqueue cannot watch an eventfd (the loop's wakeup), keeps kqueues in a forked
     # child, and has no EVFILT_PROC on Linux: NOTE_FORK_CLEANUP came with 2.6.
-    have_header("sys/event.h") &&
-      (have_macro("NOTE_FORK_CLEANUP", "sys/event.h") ||
+    have_header("sys/event.h", ["sys/types.h"]) &&
+      (have_macro("NOTE_FORK_CLEANUP", ["sys/types.h", "sys/event.h"]) ||
        (puts("evt: libkqueue #{`pkg-config --modversion libkqueue`.strip} is older than 2.6: no kqueue backend"); false)) &&
-      have_func("kqueue", "sys/event.h")
+      have_func("kqueue", ["sys/types.h", "sys/event.h"])
   end
   $CFLAGS, $INCFLAGS, $LDFLAGS, $libs = saved unless found
 else
-  have_header("sys/event.h") && have_func("kqueue", "sys/event.h")
+  # The BSDs want sys/types.h first.
+  have_header("sys/event.h", ["sys/types.h"]) && have_func("kqueue", ["sys/types.h", "sys/event.h"])
 end
 
 create_makefile("evt/evt")
