@@ -46,7 +46,7 @@ module Evt
     timeout_after: Hook.new(call: "timeout_after(duration, exception_class, *arguments)",
                             where: "C, hooks.c, on the timer heap", rubies: "3.3+"),
     process_wait: Hook.new(call: "process_wait(pid, flags)",
-                           where: "scheduler.rb: waitid in the ring, a pidfd, else a thread", rubies: "3.3+"),
+                           where: "scheduler.rb: waitid in the ring, EVFILT_PROC, a pidfd, else a thread", rubies: "3.3+"),
     address_resolve: Hook.new(call: "address_resolve(hostname)", where: "scheduler.rb: Resolver's threads",
                               rubies: "3.3+"),
     blocking_operation_wait: Hook.new(call: "blocking_operation_wait(work)",

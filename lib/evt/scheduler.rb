@@ -3,8 +3,9 @@
 module Evt
   # Process.wait and friends for {Scheduler} and {Selector}: waits for `pid` without blocking the
   # other fibers. A child process is watched by the loop: waitid in the ring (io_uring, Linux 6.7),
-  # else a pidfd it polls. Any child (pid <= 0), stop and continue reports, or a kernel with neither
-  # take a thread instead (killed if the wait is interrupted). The includer defines wait_readable(io).
+  # EVFILT_PROC (kqueue), else a pidfd it polls. Any child (pid <= 0), stop and continue reports,
+  # or none of these take a thread instead (killed if the wait is interrupted). The includer
+  # defines wait_readable(io).
   module ProcessWaiting
     # Hook (Process.wait, Process.wait2, Process::Status.wait): waits for child `pid` while the
     # other fibers run.
