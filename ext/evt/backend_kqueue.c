@@ -29,6 +29,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#ifdef __linux__
+#include <pthread.h>
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,7 +132,7 @@ knote(struct kevent *change, int fd, int k, int add, uint32_t generation, int lo
  * private close_kept closes those kept, for a caller that knows no other thread opens one). A real
  * kqueue is closed as usual. */
 #ifdef __linux__
-#include <pthread.h>
+#define KEEPS_KQUEUES 1
 
 static pthread_mutex_t spares_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t spares_once = PTHREAD_ONCE_INIT;
@@ -203,6 +206,8 @@ kqueue_close_kept(void)
     return closed;
 }
 #else
+#define KEEPS_KQUEUES 0
+
 static int
 spare_take(void)
 {
@@ -274,7 +279,7 @@ kqueue_open(struct evt_loop *loop)
     return 0;
 }
 
-/* Deletes what the backend added to its kqueue: whether all of it went. */
+/* Deletes what the backend added to its kqueue, to keep it for reuse: whether all of it went. */
 static int
 kqueue_empty(struct evt_loop *loop)
 {
@@ -297,7 +302,7 @@ kqueue_close(struct evt_loop *loop)
     struct kqueue_backend *backend = loop->kernel.data;
     /* In a forked child the number is not a kqueue of this process: it may name another file. */
     if (backend->owner == getpid()) {
-        kqueue_put(backend->kq, kqueue_empty(loop));
+        kqueue_put(backend->kq, KEEPS_KQUEUES && kqueue_empty(loop));
     }
     free(backend->events);
     free(backend->descriptors);
