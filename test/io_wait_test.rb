@@ -18,6 +18,27 @@ class IOWaitTest < Minitest::Test
     end
   end
 
+  # An error or a hang-up wakes every waiter of a descriptor (backend.h's rule), one waiting for
+  # IO::PRIORITY alone too; except on select (select(2) cannot tell a hang-up) and on kqueue through
+  # libkqueue (no EVFILT_EXCEPT, no NOTE_LOWAT: such a wait is not watched), where its timeout ends it.
+  def test_a_hang_up_wakes_a_wait_for_priority_alone
+    result = nil
+    evt do
+      r, w = IO.pipe
+      Fiber.schedule do
+        sleep 0.01
+        w.close
+      end
+      result = Fiber.scheduler.io_wait(r, IO::PRIORITY, 0.3)
+    end
+    backend = EvtTest::BACKEND || Evt::Scheduler.availables.first
+    if backend == :select || (backend == :kqueue && Evt::Loop.emulation(:kqueue))
+      assert_equal false, result
+    else
+      assert_equal IO::PRIORITY, result
+    end
+  end
+
   def test_io_wait_gives_false_when_the_time_is_up
     result = nil
     time = elapsed do
