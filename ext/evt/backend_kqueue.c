@@ -123,6 +123,21 @@ knote(struct kevent *change, int fd, int k, int add, uint32_t generation, int lo
            UDATA(add ? (uintptr_t)generation : 0));
 }
 
+/* Deletes the knotes `knotes` of fd from kq one by one (one call for all would stop at the first
+ * that fails): whether each went or had ended already (ENOENT). */
+static int
+delete_knotes(int kq, int fd, int knotes)
+{
+    int deleted = 1;
+    for (int k = 1; k <= K_WRITE; k <<= 1) {
+        if (!(knotes & k)) continue;
+        struct kevent change;
+        knote(&change, fd, k, 0, 0, 0);
+        if (kevent(kq, &change, 1, NULL, 0, NULL) < 0 && errno != ENOENT) deleted = 0;
+    }
+    return deleted;
+}
+
 /* ---- kqueues kept for reuse (libkqueue) --------------------------------------------------------
  *
  * libkqueue learns that a kqueue was closed from a thread of its own, which matches the close to a
@@ -285,14 +300,8 @@ kqueue_empty(struct evt_loop *loop)
 {
     struct kqueue_backend *backend = loop->kernel.data;
     int empty = wakeup_knote(backend->kq, loop, 0) == 0;
-    for (int fd = 0; fd < backend->descriptors_size; fd++) {
-        for (int k = 1; k <= K_WRITE; k <<= 1) {
-            if (!(backend->descriptors[fd].knotes & k)) continue;
-            struct kevent change;
-            knote(&change, fd, k, 0, 0, 0);
-            if (kevent(backend->kq, &change, 1, NULL, 0, NULL) < 0 && errno != ENOENT) empty = 0;
-        }
-    }
+    for (int fd = 0; fd < backend->descriptors_size; fd++)
+        if (!delete_knotes(backend->kq, fd, backend->descriptors[fd].knotes)) empty = 0;
     return empty;
 }
 
@@ -327,25 +336,12 @@ descriptor(struct kqueue_backend *backend, int fd)
     return &backend->descriptors[fd];
 }
 
-/* Deletes the knotes `knotes` of fd one by one, whatever each answers (ENOENT: it had ended; one
- * call for all would stop at the first that fails). */
-static void
-delete_knotes(struct kqueue_backend *backend, int fd, int knotes)
-{
-    for (int k = 1; k <= K_WRITE; k <<= 1) {
-        if (!(knotes & k)) continue;
-        struct kevent change;
-        knote(&change, fd, k, 0, 0, 0);
-        (void)kevent(backend->kq, &change, 1, NULL, 0, NULL);
-    }
-}
-
 /* Adds the knotes `add` (for `generation`) in one call, after deleting those of `held` not among
  * them: 0, or -errno. */
 static int
 apply(struct kqueue_backend *backend, int fd, int add, int held, uint32_t generation)
 {
-    delete_knotes(backend, fd, held & ~add & K_ALL);
+    delete_knotes(backend->kq, fd, held & ~add & K_ALL);
     struct kevent changes[3];
     int n = 0;
     for (int k = 1; k <= K_WRITE; k <<= 1)
@@ -366,8 +362,7 @@ static int
 kqueue_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
     struct kqueue_backend *backend = loop->kernel.data;
-    struct evt_backend_slot *slot = &reg->slot;
-    int err = evt_backend_slot_check(slot, fd, reg->generation);
+    int err = evt_backend_slot_check(&reg->slot, fd, reg->generation);
     if (err < 0) return err;
     struct kqueue_descriptor *d = descriptor(backend, fd);
     if (!d) return -ENOMEM;
@@ -388,41 +383,33 @@ kqueue_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
          * ready, as a file is. */
         struct stat st;
         if (fstat(fd, &st) == 0 && S_ISCHR(st.st_mode)) {
-            delete_knotes(backend, fd, K_ALL);
+            delete_knotes(backend->kq, fd, K_ALL);
             d->knotes = 0;
             return -EPERM;
         }
     }
     if (err < 0 && err != -ENOMEM) {
         /* Knotes left by a file closed without EV_DELETE (libkqueue): gone, then once more. */
-        delete_knotes(backend, fd, K_ALL);
+        delete_knotes(backend->kq, fd, K_ALL);
         err = apply(backend, fd, want, 0, reg->generation);
     }
     /* Even after a failure: an add of several may have been made, and deleting one that is not
      * there costs nothing. */
     d->generation = reg->generation;
     d->knotes = (unsigned char)want;
-    slot->interest = reg->events;
     return err;
 }
 
+/* Also the backend's release: a waiter leaving does not always disarm first (the last one of an
+ * IO that closes), and nothing of the file may stay in a libkqueue that cannot see the close. */
 static void
 kqueue_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
     struct kqueue_backend *backend = loop->kernel.data;
-    reg->slot.interest = 0;
     if (fd >= backend->descriptors_size) return;
     struct kqueue_descriptor *d = &backend->descriptors[fd];
-    if (d->knotes && d->generation == reg->generation) delete_knotes(backend, fd, d->knotes);
+    if (d->knotes && d->generation == reg->generation) delete_knotes(backend->kq, fd, d->knotes);
     d->knotes = 0;
-}
-
-/* A waiter leaving does not always disarm first (the last one of an IO that closes): nothing of
- * the file may stay in a libkqueue that cannot see the close. */
-static void
-kqueue_release(struct evt_loop *loop, int fd, struct evt_registration *reg)
-{
-    kqueue_disarm(loop, fd, reg);
 }
 
 static int
@@ -588,7 +575,7 @@ const struct evt_backend evt_backend_kqueue = {
     .complete = kqueue_complete,
     .wait_exit = kqueue_wait_exit,
     .cancel = kqueue_cancel,
-    .release = kqueue_release,
+    .release = kqueue_disarm,
 #ifdef __linux__
     .close_kept = kqueue_close_kept,
 #endif
