@@ -55,13 +55,13 @@ module Bench
       "#{lines.join("\n")}\n\n#{footer}\n"
     end
 
-    # [{label:, unit:, key:, c:, evt:, peer:}]: +key+ the metric, each of c, evt and peer a row of
-    # the results (or nil); soak, which has no metric: [{label:, unit:, text:}], its verdicts.
     # Subjects that ran on an emulation (evt-kqueue on Linux): never evt's best.
     def emulated
       @document[:emulated] || {}
     end
 
+    # [{label:, unit:, key:, c:, evt:, peer:}]: +key+ the metric, each of c, evt and peer a row of
+    # the results (or nil); soak, which has no metric: [{label:, unit:, text:}], its verdicts.
     def rows
       scenarios.flat_map do |scenario|
         next soak if scenario == "soak"
