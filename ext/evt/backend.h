@@ -1,31 +1,38 @@
 /* The dialect between the core and its backends (backend_<mechanism>.c), in the spirit of redis's ae.c.
  *
  * A backend knows descriptors, events and its own per-descriptor slot; it never touches fibers or
- * Ruby objects. The core (registration.c, waiter.c, loop.c) owns the registrations and the waiters hanging off
- * them, the array of fired events, and the wakeup descriptor. A backend:
+ * Ruby objects. It sees the loop only as this header shows it: its kernel side (struct evt_kernel)
+ * and, for each descriptor, a struct evt_watch; it includes no other header of evt's, so the
+ * compiler holds it to that (the core's struct evt_loop, registrations, waiters and timers are
+ * not even declared to it). The core owns the registrations and the waiters hanging off them,
+ * the array of fired events, and the wakeup descriptor. A backend:
  *
  *   open, close    makes and releases its kernel objects (close also runs in a forked child)
  *   arm, disarm    keeps the kernel watching what a descriptor's waiters want, or nothing
  *   wait           waits without the GVL; a readiness backend (epoll, poll, select) writes what
- *                  fired into loop->kernel.fired as {descriptor, generation, events} and returns the count;
+ *                  fired into kernel->fired as {descriptor, generation, events} and returns the count;
  *                  the core dispatches them, with the GVL
  *   complete       a completion backend (io_uring) instead reports its completions here, with the
- *                  GVL: evt_waiter_fired() for polls, evt_waiter_done() for its own transfers, from
- *                  its own state alone (it never looks up the core's registrations or timers)
+ *                  GVL: evt_waiter_fired() for polls, evt_waiter_done() for its own transfers
  *
- * Every backend reads the kernel's readiness through evt_events_from_poll(), so every backend
- * follows one rule for errors and hang-ups (below), and watches loop->kernel.wakeup.read_fd, which any
+ * Every backend reads the kernel's readiness through evt_backend_events(), so every backend
+ * follows one rule for errors and hang-ups (below), and watches kernel->wakeup.read_fd, which any
  * thread writes to end a wait (wakeup.h). */
 #ifndef EVT_BACKEND_H
 #define EVT_BACKEND_H
 
+/* First, as in every file of evt: its feature macros (_GNU_SOURCE, for POLLRDHUP) come before any
+ * system header; backends use Ruby's allocator and errors too. */
+#include <ruby.h>
+
 #include <errno.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
 
-struct evt_loop;
-struct evt_registration;
+#include "wakeup.h"
+
 struct evt_waiter;
 
 /* Events, with the values of Ruby's IO::READABLE, IO::PRIORITY and IO::WRITABLE (poll(2)'s bits). */
@@ -51,7 +58,7 @@ enum {
 
 /* What to ask the kernel for, for waiters that want `events`. */
 static inline unsigned
-evt_poll_mask(int events)
+evt_backend_poll_mask(int events)
 {
     unsigned mask = 0;
     if (events & EVT_READABLE) mask |= POLLIN | EVT_POLLRDHUP;
@@ -66,7 +73,7 @@ evt_poll_mask(int events)
  * without a scheduler (thread.c: "all requested events are ready if there is an error"), and a
  * level-triggered backend would otherwise report the same condition again at once, for ever. */
 static inline int
-evt_events_from_poll(unsigned revents)
+evt_backend_events(unsigned revents)
 {
     if (revents & (POLLERR | POLLHUP | POLLNVAL)) return EVT_EVENTS;
     int events = 0;
@@ -86,8 +93,8 @@ struct evt_fired {
     int events;
 };
 
-/* A backend's own state for one descriptor, kept in the core's registration. The core never reads
- * it; it empties it (evt_backend_slot_clear) when the kernel objects are made anew. */
+/* A backend's own state for one descriptor, kept in the core's registration (struct evt_watch). The
+ * core never reads it; it empties it (evt_backend_slot_clear) when the kernel objects are made anew. */
 struct evt_backend_slot {
     uint32_t generation;  /* set by arm: the registration's generation the kernel watches for; 0: none */
     int interest;         /* events the kernel was last asked for */
@@ -122,6 +129,16 @@ evt_backend_slot_clear(struct evt_backend_slot *slot)
     slot->read_generation = 0;
 }
 
+/* What a backend sees of a descriptor's registration: what its waiters want, the generation that
+ * tags the kernel's reports of it (it changes with the IO on the number, so an event for an older
+ * file is dropped), and the backend's own slot. The core keeps one per descriptor; a backend may
+ * keep pointers to it while the descriptor is armed. */
+struct evt_watch {
+    uint32_t generation;
+    int events;
+    struct evt_backend_slot slot;
+};
+
 /* A transfer a backend does itself (io_uring): read into or write from [base, base + size) on fd,
  * at `position` when it is not negative, waiting for the descriptor to be ready if it must. Lives on
  * the stack of the waiting fiber; the backend calls evt_waiter_done() when the kernel reports the
@@ -149,6 +166,31 @@ struct evt_op {
     struct evt_orphan *orphan;
 };
 
+struct evt_backend;
+
+/* The loop's kernel side, all a backend sees of the loop (the core embeds it in struct evt_loop). */
+struct evt_kernel {
+    const struct evt_backend *backend;
+    void *data;               /* the backend's kernel objects; NULL while closed */
+    struct evt_wakeup wakeup; /* open with the backend's kernel objects */
+    struct evt_fired *fired;  /* what a readiness backend's wait collected, for the core to dispatch */
+    int fired_capacity;
+    volatile int blocked;     /* inside the backend's wait without the GVL: wakeups must go to the kernel */
+    /* The core's own, below: */
+    int woken;                /* a wakeup went to the kernel during this wait: more would be wasted */
+    size_t ops;               /* transfers submitted to the kernel and not reaped: it may still use their
+                                 memory, so the loop stays alive and drains them on close (object.c) */
+    int64_t wake_late_ns;     /* how late a timed kernel wait ends, on average (loop.c's wait_out_timer) */
+    int interrupted;          /* driven: the tag of an exception that ended the kernel wait, to raise
+                                 once its events are dispatched */
+};
+
+/* The reports, the one way a backend reaches the core (waiter.c), with the GVL: */
+/* `events` (EVT_* bits, by evt_backend_events) fired on fd, watched as `generation`. */
+void evt_waiter_fired(struct evt_kernel *kernel, int fd, uint32_t generation, int events);
+/* A transfer the backend does (struct evt_op) completed with `result`. */
+void evt_waiter_done(struct evt_kernel *kernel, struct evt_op *op, long result);
+
 struct evt_backend {
     const char *name;
     /* Its watch on a descriptor ends with each report (io_uring's one-shot polls): after
@@ -159,51 +201,51 @@ struct evt_backend {
     const char *emulation;
     /* NULL when this backend can run on this machine, else why not (said once, then remembered). */
     const char *(*probe)(void);
-    /* Creates the kernel objects and sets loop->kernel.data; loop->kernel.wakeup is open already. 0, or
+    /* Creates the kernel objects and sets kernel->data; kernel->wakeup is open already. 0, or
      * -errno. */
-    int (*open)(struct evt_loop *loop);
+    int (*open)(struct evt_kernel *kernel);
     /* Releases them. Also called in a forked child, for the copies it inherited. */
-    void (*close)(struct evt_loop *loop);
-    /* The kernel must report reg->events on fd, tagged with reg->generation. Called when a waiter
-     * comes and reg->events grew or the registration is new to the backend (another IO on the
+    void (*close)(struct evt_kernel *kernel);
+    /* The kernel must report watch->events on fd, tagged with watch->generation. Called when a waiter
+     * comes and watch->events grew or the registration is new to the backend (another IO on the
      * number, new kernel objects); also when it shrank but is not empty. 0, or -errno; -EPERM means
      * fd cannot be polled (a regular file) and counts as always ready. */
-    int (*arm)(struct evt_loop *loop, int fd, struct evt_registration *reg);
-    /* Nobody waits on fd any more (reg->events is 0). */
-    void (*disarm)(struct evt_loop *loop, int fd, struct evt_registration *reg);
+    int (*arm)(struct evt_kernel *kernel, int fd, struct evt_watch *watch);
+    /* Nobody waits on fd any more (watch->events is 0). */
+    void (*disarm)(struct evt_kernel *kernel, int fd, struct evt_watch *watch);
     /* Waits up to timeout_ns (-1: no limit; 0: only a look) without the GVL: it must touch no Ruby
-     * object. Writes at most loop->kernel.fired_capacity events into loop->kernel.fired (a level-triggered backend
+     * object. Writes at most kernel->fired_capacity events into kernel->fired (a level-triggered backend
      * reports the rest on the next wait, an edge-triggered one leaves them queued in the kernel) and
      * returns how many, or -errno. Reading the wakeup descriptor readable, it drains it
      * (evt_wakeup_drain) and reports nothing for it. */
-    int (*wait)(struct evt_loop *loop, int64_t timeout_ns);
+    int (*wait)(struct evt_kernel *kernel, int64_t timeout_ns);
 
     /* Optional, for a completion backend: with the GVL, after each wait, reports the completions
      * the kernel has (evt_waiter_fired, evt_waiter_done), all of them: the timers fire next. */
-    void (*complete)(struct evt_loop *loop);
+    void (*complete)(struct evt_kernel *kernel);
     /* Optional: transfers done by the backend. Submits op: 0, or -errno when it cannot (the core
      * then does the transfer itself). */
-    int (*transfer)(struct evt_loop *loop, struct evt_op *op);
+    int (*transfer)(struct evt_kernel *kernel, struct evt_op *op);
     /* Optional: watches child process op->fd (a pid, EVT_OP_WAITID) until it exits, reported as a
      * transfer is (evt_waiter_done, with 0) and stopped by cancel. 0, or -errno: -ESRCH when there
      * is no such process, -ENOTSUP when the backend cannot watch it (the caller waits another way). */
-    int (*wait_exit)(struct evt_loop *loop, struct evt_op *op);
+    int (*wait_exit)(struct evt_kernel *kernel, struct evt_op *op);
     /* Stops a pending op (a transfer or a wait_exit) and returns once its completion is reaped: the
      * kernel is done with the memory. May report other completions meanwhile. */
-    void (*cancel)(struct evt_loop *loop, struct evt_op *op);
+    void (*cancel)(struct evt_kernel *kernel, struct evt_op *op);
     /* Optional, with transfer: a read from fd (recv(2) when `socket`) that the backend would wait
      * for, tried at once first when the backend finds that worth it; with the GVL. Returns the bytes
      * read, -errno, or -EAGAIN: the read goes to transfer. */
-    long (*read_now)(struct evt_loop *loop, int fd, struct evt_registration *reg, int socket, void *base, size_t size);
+    long (*read_now)(struct evt_kernel *kernel, int fd, struct evt_watch *watch, int socket, void *base, size_t size);
 
     /* Optional: fd is about to be closed on the loop's thread and nobody waits on it any more:
      * whatever the kernel still holds for it (a poll in flight) goes before this returns, so the
      * file is released by the close itself. */
-    void (*release)(struct evt_loop *loop, int fd, struct evt_registration *reg);
+    void (*release)(struct evt_kernel *kernel, int fd, struct evt_watch *watch);
     /* Optional: another thread (holding the GVL) is about to close fd, which the loop's fibers
      * wait on. No request naming the descriptor may reach the kernel after the close: the number
      * could belong to another file by then. The loop's thread may be waiting in the kernel. */
-    void (*closed_elsewhere)(struct evt_loop *loop, int fd);
+    void (*closed_elsewhere)(struct evt_kernel *kernel, int fd);
 
     /* Optional: closes the kernel objects the backend keeps between loops for reuse (libkqueue's
      * kqueues, backend_kqueue.c); the number closed. */
@@ -214,7 +256,7 @@ struct evt_backend {
  * system is out of descriptors for now. A probe that meets one reports the backend available (it is),
  * and opening it raises the errno, as Ruby does for any call that needs a descriptor. */
 static inline int
-evt_out_of_descriptors(int err)
+evt_backend_out_of_descriptors(int err)
 {
     return err == EMFILE || err == ENFILE;
 }

@@ -5,8 +5,8 @@
  * EAGAIN or poll(2) found the descriptor not ready, so the next readiness is always a new edge.
  * The registration's generation rides in the event data: events for an older file that had the
  * same number (still open elsewhere, say in a forked child) are recognised and ignored. A wait hands
- * what fired to the core (loop->kernel.fired), which dispatches. */
-#include "core.h"
+ * what fired to the core (kernel->fired), which dispatches. */
+#include "backend.h"
 
 #ifdef HAVE_SYS_EPOLL_H
 
@@ -34,19 +34,19 @@ static const char *
 epoll_probe(void)
 {
     int fd = epoll_create1(EPOLL_CLOEXEC);
-    if (fd < 0) return evt_out_of_descriptors(errno) ? NULL : strerror(errno);
+    if (fd < 0) return evt_backend_out_of_descriptors(errno) ? NULL : strerror(errno);
     (void)close(fd);
     return NULL;
 }
 
 static int
-epoll_open(struct evt_loop *loop)
+epoll_open(struct evt_kernel *kernel)
 {
     int epfd = epoll_create1(EPOLL_CLOEXEC);
     if (epfd < 0) return -errno;
     struct epoll_event event = {.events = EPOLLIN, .data.u64 = WAKEUP_TAG};
     struct epoll_backend *backend = malloc(sizeof(*backend));
-    if (!backend || epoll_ctl(epfd, EPOLL_CTL_ADD, loop->kernel.wakeup.read_fd, &event) < 0) {
+    if (!backend || epoll_ctl(epfd, EPOLL_CTL_ADD, kernel->wakeup.read_fd, &event) < 0) {
         int err = backend ? errno : ENOMEM;
         free(backend);
         (void)close(epfd);
@@ -55,30 +55,30 @@ epoll_open(struct evt_loop *loop)
     backend->epfd = epfd;
     backend->capacity = 0;
     backend->events = NULL;
-    loop->kernel.data = backend;
+    kernel->data = backend;
     return 0;
 }
 
 static void
-epoll_close(struct evt_loop *loop)
+epoll_close(struct evt_kernel *kernel)
 {
-    struct epoll_backend *backend = loop->kernel.data;
+    struct epoll_backend *backend = kernel->data;
     (void)close(backend->epfd); /* released whatever close(2) says */
     free(backend->events);
     free(backend);
 }
 
 static int
-epoll_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+epoll_arm(struct evt_kernel *kernel, int fd, struct evt_watch *watch)
 {
-    struct epoll_backend *backend = loop->kernel.data;
-    struct evt_backend_slot *slot = &reg->slot;
-    int known = slot->generation == reg->generation;
-    if (known && !(reg->events & ~slot->interest)) return 0; /* already watched: the usual case */
-    int interest = known ? slot->interest | reg->events : reg->events;
+    struct epoll_backend *backend = kernel->data;
+    struct evt_backend_slot *slot = &watch->slot;
+    int known = slot->generation == watch->generation;
+    if (known && !(watch->events & ~slot->interest)) return 0; /* already watched: the usual case */
+    int interest = known ? slot->interest | watch->events : watch->events;
     struct epoll_event event = {
-        .events = evt_poll_mask(interest) | EPOLLET,
-        .data.u64 = ((uint64_t)reg->generation << 32) | (uint32_t)fd,
+        .events = evt_backend_poll_mask(interest) | EPOLLET,
+        .data.u64 = ((uint64_t)watch->generation << 32) | (uint32_t)fd,
     };
     /* A registration may survive from an earlier IO with this number, or be gone with its file. */
     int op = slot->interest ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
@@ -87,12 +87,12 @@ epoll_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
     else if (result < 0 && op == EPOLL_CTL_ADD && errno == EEXIST) result = epoll_ctl(backend->epfd, EPOLL_CTL_MOD, fd, &event);
     if (result < 0) return -errno;
     slot->interest = interest;
-    slot->generation = reg->generation;
+    slot->generation = watch->generation;
     return 0;
 }
 
 static void
-epoll_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+epoll_disarm(struct evt_kernel *kernel, int fd, struct evt_watch *watch)
 {
     /* Edge-triggered: an idle registration costs nothing, and keeping it saves an epoll_ctl on the
      * next wait. The kernel drops it when the file is closed. (An EPOLL_CTL_DEL before IO#close
@@ -101,15 +101,15 @@ epoll_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 }
 
 static int
-epoll_wait_events(struct evt_loop *loop, int64_t timeout_ns)
+epoll_wait_events(struct evt_kernel *kernel, int64_t timeout_ns)
 {
-    struct epoll_backend *backend = loop->kernel.data;
-    if (backend->capacity < loop->kernel.fired_capacity) {
+    struct epoll_backend *backend = kernel->data;
+    if (backend->capacity < kernel->fired_capacity) {
         /* The core's array grew: so does ours (a failure keeps the smaller one). */
-        struct epoll_event *events = realloc(backend->events, (size_t)loop->kernel.fired_capacity * sizeof(*events));
+        struct epoll_event *events = realloc(backend->events, (size_t)kernel->fired_capacity * sizeof(*events));
         if (events) {
             backend->events = events;
-            backend->capacity = loop->kernel.fired_capacity;
+            backend->capacity = kernel->fired_capacity;
         }
         else if (!backend->capacity) return -ENOMEM;
     }
@@ -136,13 +136,13 @@ done:
     for (int i = 0; i < n; i++) {
         struct epoll_event *event = &backend->events[i];
         if (event->data.u64 == WAKEUP_TAG) {
-            evt_wakeup_drain(&loop->kernel.wakeup);
+            evt_wakeup_drain(&kernel->wakeup);
             continue;
         }
-        loop->kernel.fired[fired++] = (struct evt_fired){
+        kernel->fired[fired++] = (struct evt_fired){
             .fd = (int)(uint32_t)event->data.u64,
             .generation = (uint32_t)(event->data.u64 >> 32),
-            .events = evt_events_from_poll(event->events),
+            .events = evt_backend_events(event->events),
         };
     }
     return fired;

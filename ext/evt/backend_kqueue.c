@@ -21,8 +21,7 @@
  * A kqueue is not inherited by fork(2) (libkqueue closes its copies in the child): a child frees
  * the backend's memory and leaves the number alone, which may name another file by then. On Linux
  * kqueues are kept for reuse instead of closed (below: libkqueue's closes race). */
-#include "core.h"
-#include "waiter.h"
+#include "backend.h"
 
 #ifdef HAVE_KQUEUE
 
@@ -269,20 +268,20 @@ kqueue_probe(void)
 /* Adds or deletes the wakeup descriptor's knote: one for good (not one-shot), drained on each
  * report. 0, or -errno. */
 static int
-wakeup_knote(int kq, struct evt_loop *loop, int add)
+wakeup_knote(int kq, struct evt_kernel *kernel, int add)
 {
     struct kevent change;
-    EV_SET(&change, (uintptr_t)loop->kernel.wakeup.read_fd, EVFILT_READ, add ? EV_ADD : EV_DELETE, 0, 0, UDATA(0));
+    EV_SET(&change, (uintptr_t)kernel->wakeup.read_fd, EVFILT_READ, add ? EV_ADD : EV_DELETE, 0, 0, UDATA(0));
     return kevent(kq, &change, 1, NULL, 0, NULL) < 0 ? -errno : 0;
 }
 
 static int
-kqueue_open(struct evt_loop *loop)
+kqueue_open(struct evt_kernel *kernel)
 {
     struct kqueue_backend *backend = calloc(1, sizeof(*backend));
     if (!backend) return -ENOMEM;
     int kq = kqueue_get();
-    int err = kq < 0 ? kq : wakeup_knote(kq, loop, 1);
+    int err = kq < 0 ? kq : wakeup_knote(kq, kernel, 1);
     if (err < 0) {
         if (kq >= 0) kqueue_put(kq, 0);
         free(backend);
@@ -290,28 +289,28 @@ kqueue_open(struct evt_loop *loop)
     }
     backend->kq = kq;
     backend->owner = getpid();
-    loop->kernel.data = backend;
+    kernel->data = backend;
     return 0;
 }
 
 /* Deletes what the backend added to its kqueue, to keep it for reuse: whether all of it went. */
 static int
-kqueue_empty(struct evt_loop *loop)
+kqueue_empty(struct evt_kernel *kernel)
 {
-    struct kqueue_backend *backend = loop->kernel.data;
-    int empty = wakeup_knote(backend->kq, loop, 0) == 0;
+    struct kqueue_backend *backend = kernel->data;
+    int empty = wakeup_knote(backend->kq, kernel, 0) == 0;
     for (int fd = 0; fd < backend->descriptors_size; fd++)
         if (!delete_knotes(backend->kq, fd, backend->descriptors[fd].knotes)) empty = 0;
     return empty;
 }
 
 static void
-kqueue_close(struct evt_loop *loop)
+kqueue_close(struct evt_kernel *kernel)
 {
-    struct kqueue_backend *backend = loop->kernel.data;
+    struct kqueue_backend *backend = kernel->data;
     /* In a forked child the number is not a kqueue of this process: it may name another file. */
     if (backend->owner == getpid()) {
-        kqueue_put(backend->kq, KEEPS_KQUEUES && kqueue_empty(loop));
+        kqueue_put(backend->kq, KEEPS_KQUEUES && kqueue_empty(kernel));
     }
     free(backend->events);
     free(backend->descriptors);
@@ -359,23 +358,23 @@ refused(int err)
 }
 
 static int
-kqueue_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+kqueue_arm(struct evt_kernel *kernel, int fd, struct evt_watch *watch)
 {
-    struct kqueue_backend *backend = loop->kernel.data;
-    int err = evt_backend_slot_check(&reg->slot, fd, reg->generation);
+    struct kqueue_backend *backend = kernel->data;
+    int err = evt_backend_slot_check(&watch->slot, fd, watch->generation);
     if (err < 0) return err;
     struct kqueue_descriptor *d = descriptor(backend, fd);
     if (!d) return -ENOMEM;
     /* Knotes of an older file on the number: a real kqueue dropped them at its close. */
-    int held = d->generation == reg->generation ? d->knotes : 0;
+    int held = d->generation == watch->generation ? d->knotes : 0;
     /* Every knote wanted is added again: one that was reported has ended, and the core arms after
      * each report. Adding one that is still there only renews it. */
-    int want = knotes_for(reg->events, 1);
-    err = apply(backend, fd, want, held, reg->generation);
+    int want = knotes_for(watch->events, 1);
+    err = apply(backend, fd, want, held, watch->generation);
     if (err < 0 && refused(err) && (want & K_EXCEPT)) {
         /* EVFILT_EXCEPT is for sockets only on some kernels (macOS refuses it on a pipe). */
-        int without = knotes_for(reg->events, 0);
-        err = apply(backend, fd, without, want, reg->generation);
+        int without = knotes_for(watch->events, 0);
+        err = apply(backend, fd, without, want, watch->generation);
         want = without;
     }
     if (err < 0 && refused(err)) {
@@ -391,11 +390,11 @@ kqueue_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
     if (err < 0 && err != -ENOMEM) {
         /* Knotes left by a file closed without EV_DELETE (libkqueue): gone, then once more. */
         delete_knotes(backend->kq, fd, K_ALL);
-        err = apply(backend, fd, want, 0, reg->generation);
+        err = apply(backend, fd, want, 0, watch->generation);
     }
     /* Even after a failure: an add of several may have been made, and deleting one that is not
      * there costs nothing. */
-    d->generation = reg->generation;
+    d->generation = watch->generation;
     d->knotes = (unsigned char)want;
     return err;
 }
@@ -403,25 +402,25 @@ kqueue_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 /* Also the backend's release: a waiter leaving does not always disarm first (the last one of an
  * IO that closes), and nothing of the file may stay in a libkqueue that cannot see the close. */
 static void
-kqueue_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+kqueue_disarm(struct evt_kernel *kernel, int fd, struct evt_watch *watch)
 {
-    struct kqueue_backend *backend = loop->kernel.data;
+    struct kqueue_backend *backend = kernel->data;
     if (fd >= backend->descriptors_size) return;
     struct kqueue_descriptor *d = &backend->descriptors[fd];
-    if (d->knotes && d->generation == reg->generation) delete_knotes(backend->kq, fd, d->knotes);
+    if (d->knotes && d->generation == watch->generation) delete_knotes(backend->kq, fd, d->knotes);
     d->knotes = 0;
 }
 
 static int
-kqueue_wait(struct evt_loop *loop, int64_t timeout_ns)
+kqueue_wait(struct evt_kernel *kernel, int64_t timeout_ns)
 {
-    struct kqueue_backend *backend = loop->kernel.data;
-    if (backend->capacity < loop->kernel.fired_capacity) {
+    struct kqueue_backend *backend = kernel->data;
+    if (backend->capacity < kernel->fired_capacity) {
         /* The core's array grew: so does ours (a failure keeps the smaller one). */
-        struct kevent *events = realloc(backend->events, (size_t)loop->kernel.fired_capacity * sizeof(*events));
+        struct kevent *events = realloc(backend->events, (size_t)kernel->fired_capacity * sizeof(*events));
         if (events) {
             backend->events = events;
-            backend->capacity = loop->kernel.fired_capacity;
+            backend->capacity = kernel->fired_capacity;
         }
         else if (!backend->capacity) return -ENOMEM;
     }
@@ -450,8 +449,8 @@ kqueue_wait(struct evt_loop *loop, int64_t timeout_ns)
             continue;
         }
         int fd = (int)event->ident;
-        if (event->filter == EVFILT_READ && fd == loop->kernel.wakeup.read_fd) {
-            evt_wakeup_drain(&loop->kernel.wakeup);
+        if (event->filter == EVFILT_READ && fd == kernel->wakeup.read_fd) {
+            evt_wakeup_drain(&kernel->wakeup);
             continue;
         }
         uint32_t generation = (uint32_t)(uintptr_t)event->udata;
@@ -469,10 +468,10 @@ kqueue_wait(struct evt_loop *loop, int64_t timeout_ns)
         /* The knote has ended (one-shot, or refused with EV_ERROR): the table says so, for disarm. */
         if (fd >= 0 && fd < backend->descriptors_size && backend->descriptors[fd].generation == generation)
             backend->descriptors[fd].knotes &= (unsigned char)~ended;
-        loop->kernel.fired[fired++] = (struct evt_fired){
+        kernel->fired[fired++] = (struct evt_fired){
             .fd = fd,
             .generation = generation,
-            .events = evt_events_from_poll(revents),
+            .events = evt_backend_events(revents),
         };
     }
     return fired;
@@ -511,9 +510,9 @@ unwatch(struct kqueue_backend *backend, struct evt_op *op)
 }
 
 static int
-kqueue_wait_exit(struct evt_loop *loop, struct evt_op *op)
+kqueue_wait_exit(struct evt_kernel *kernel, struct evt_op *op)
 {
-    struct kqueue_backend *backend = loop->kernel.data;
+    struct kqueue_backend *backend = kernel->data;
     for (int i = 0; i < backend->watches; i++)
         if (backend->watched[i]->fd == op->fd) return -ENOTSUP;
     if (backend->watches == backend->watches_capacity) {
@@ -529,22 +528,22 @@ kqueue_wait_exit(struct evt_loop *loop, struct evt_op *op)
 }
 
 static void
-kqueue_complete(struct evt_loop *loop)
+kqueue_complete(struct evt_kernel *kernel)
 {
-    struct kqueue_backend *backend = loop->kernel.data;
+    struct kqueue_backend *backend = kernel->data;
     int count = backend->exited_count;
     backend->exited_count = 0;
     for (int i = 0; i < count; i++) {
         struct evt_op *op = backend->exited[i];
-        if (unwatch(backend, op)) evt_waiter_done(loop, op, 0);
+        if (unwatch(backend, op)) evt_waiter_done(kernel, op, 0);
     }
 }
 
 /* The exit a wait collected and nobody reported yet, or the knote: gone before this returns. */
 static void
-kqueue_cancel(struct evt_loop *loop, struct evt_op *op)
+kqueue_cancel(struct evt_kernel *kernel, struct evt_op *op)
 {
-    struct kqueue_backend *backend = loop->kernel.data;
+    struct kqueue_backend *backend = kernel->data;
     int collected = 0;
     for (int i = 0; i < backend->exited_count && !collected; i++) {
         if (backend->exited[i] != op) continue;
@@ -557,7 +556,7 @@ kqueue_cancel(struct evt_loop *loop, struct evt_op *op)
         (void)kevent(backend->kq, &change, 1, NULL, 0, NULL); /* ENOENT: the process is gone, and so is the knote */
     }
     unwatch(backend, op);
-    evt_waiter_done(loop, op, -ECANCELED);
+    evt_waiter_done(kernel, op, -ECANCELED);
 }
 
 const struct evt_backend evt_backend_kqueue = {

@@ -4,8 +4,8 @@
  * the slot its slot.index names only while a waiter wants events (added by arm, swap-removed by
  * disarm: O(1)). poll(2) is level-triggered, which suits the core: it waits only after EAGAIN, and a
  * woken waiter's events leave the slot at once. wait() copies what fired, with the generations, into
- * the core's loop->kernel.fired: dispatching (and the requests served before it) disarms, which moves slots. */
-#include "core.h"
+ * the core's kernel->fired: dispatching (and the requests served before it) disarms, which moves slots. */
+#include "backend.h"
 
 #ifdef HAVE_POLL_H
 
@@ -22,7 +22,7 @@ struct poll_backend {
     nfds_t count;                     /* slots in use, the wakeup descriptor's included */
     nfds_t capacity;                  /* of both arrays */
     struct pollfd *fds;
-    struct evt_registration **regs;   /* the registration in each slot (regs[0]: none) */
+    struct evt_watch **watches;   /* the registration in each slot (watches[0]: none) */
 };
 
 static const char *
@@ -37,33 +37,33 @@ static void
 poll_free(struct poll_backend *backend)
 {
     free(backend->fds);
-    free(backend->regs);
+    free(backend->watches);
     free(backend);
 }
 
 static int
-poll_open(struct evt_loop *loop)
+poll_open(struct evt_kernel *kernel)
 {
     struct poll_backend *backend = calloc(1, sizeof(*backend));
     if (!backend) return -ENOMEM;
     backend->capacity = INITIAL_CAPACITY;
     backend->fds = malloc(INITIAL_CAPACITY * sizeof(*backend->fds));
-    backend->regs = malloc(INITIAL_CAPACITY * sizeof(*backend->regs));
-    if (!backend->fds || !backend->regs) {
+    backend->watches = malloc(INITIAL_CAPACITY * sizeof(*backend->watches));
+    if (!backend->fds || !backend->watches) {
         poll_free(backend);
         return -ENOMEM;
     }
-    backend->fds[0] = (struct pollfd){.fd = loop->kernel.wakeup.read_fd, .events = POLLIN};
-    backend->regs[0] = NULL;
+    backend->fds[0] = (struct pollfd){.fd = kernel->wakeup.read_fd, .events = POLLIN};
+    backend->watches[0] = NULL;
     backend->count = 1;
-    loop->kernel.data = backend;
+    kernel->data = backend;
     return 0;
 }
 
 static void
-poll_close(struct evt_loop *loop)
+poll_close(struct evt_kernel *kernel)
 {
-    poll_free(loop->kernel.data);
+    poll_free(kernel->data);
 }
 
 /* Doubles both arrays. A failure part way leaves a bigger block behind, which is harmless:
@@ -76,19 +76,19 @@ poll_grow(struct poll_backend *backend)
     struct pollfd *fds = realloc(backend->fds, capacity * sizeof(*fds));
     if (!fds) return -ENOMEM;
     backend->fds = fds;
-    struct evt_registration **regs = realloc(backend->regs, capacity * sizeof(*regs));
-    if (!regs) return -ENOMEM;
-    backend->regs = regs;
+    struct evt_watch **watches = realloc(backend->watches, capacity * sizeof(*watches));
+    if (!watches) return -ENOMEM;
+    backend->watches = watches;
     backend->capacity = capacity;
     return 0;
 }
 
 static int
-poll_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+poll_arm(struct evt_kernel *kernel, int fd, struct evt_watch *watch)
 {
-    struct poll_backend *backend = loop->kernel.data;
-    struct evt_backend_slot *slot = &reg->slot;
-    int err = evt_backend_slot_check(slot, fd, reg->generation);
+    struct poll_backend *backend = kernel->data;
+    struct evt_backend_slot *slot = &watch->slot;
+    int err = evt_backend_slot_check(slot, fd, watch->generation);
     if (err < 0) return err;
     int index = slot->index;
     if (index < 0) {
@@ -98,36 +98,36 @@ poll_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
         }
         index = (int)backend->count++;
         backend->fds[index].fd = fd;
-        backend->regs[index] = reg;
+        backend->watches[index] = watch;
         slot->index = index;
     }
-    backend->fds[index].events = (short)evt_poll_mask(reg->events);
-    slot->interest = reg->events;
+    backend->fds[index].events = (short)evt_backend_poll_mask(watch->events);
+    slot->interest = watch->events;
     return 0;
 }
 
 static void
-poll_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+poll_disarm(struct evt_kernel *kernel, int fd, struct evt_watch *watch)
 {
-    struct evt_backend_slot *slot = &reg->slot;
+    struct evt_backend_slot *slot = &watch->slot;
     int index = slot->index;
     if (index < 0) return; /* never armed (a file), or the backend was closed since */
-    struct poll_backend *backend = loop->kernel.data;
+    struct poll_backend *backend = kernel->data;
     nfds_t last = --backend->count;
     if ((nfds_t)index != last) {
         backend->fds[index] = backend->fds[last];
-        backend->regs[index] = backend->regs[last];
-        backend->regs[index]->slot.index = index;
+        backend->watches[index] = backend->watches[last];
+        backend->watches[index]->slot.index = index;
     }
     slot->index = -1;
     slot->interest = 0;
 }
 
-/* Level-triggered: what does not fit in loop->kernel.fired this time is reported again by the next wait. */
+/* Level-triggered: what does not fit in kernel->fired this time is reported again by the next wait. */
 static int
-poll_wait(struct evt_loop *loop, int64_t timeout_ns)
+poll_wait(struct evt_kernel *kernel, int64_t timeout_ns)
 {
-    struct poll_backend *backend = loop->kernel.data;
+    struct poll_backend *backend = kernel->data;
     int n;
 #ifdef HAVE_PPOLL
     struct timespec ts = {(time_t)(timeout_ns / 1000000000), (long)(timeout_ns % 1000000000)};
@@ -141,18 +141,18 @@ poll_wait(struct evt_loop *loop, int64_t timeout_ns)
     /* Copied out now, with the generations: slots move when dispatching disarms. n counts the
      * slots with revents. */
     int found = 0, fired = 0;
-    for (nfds_t i = 0; i < backend->count && found < n && fired < loop->kernel.fired_capacity; i++) {
+    for (nfds_t i = 0; i < backend->count && found < n && fired < kernel->fired_capacity; i++) {
         short revents = backend->fds[i].revents;
         if (!revents) continue;
         found++;
         if (i == 0) {
-            evt_wakeup_drain(&loop->kernel.wakeup);
+            evt_wakeup_drain(&kernel->wakeup);
             continue;
         }
-        loop->kernel.fired[fired++] = (struct evt_fired){
+        kernel->fired[fired++] = (struct evt_fired){
             .fd = backend->fds[i].fd,
-            .generation = backend->regs[i]->generation,
-            .events = evt_events_from_poll((unsigned short)revents),
+            .generation = backend->watches[i]->generation,
+            .events = evt_backend_events((unsigned short)revents),
         };
     }
     return fired;

@@ -15,7 +15,7 @@
  * closed ones and reports them as POLLNVAL (every event, by backend.h's rule), so their waiters meet
  * EBADF themselves and stop waiting. The sets read as POLLIN, POLLOUT and POLLPRI; the except set is
  * POLLPRI only, so a wait for IO::PRIORITY alone is not woken by a hang-up here. */
-#include "core.h"
+#include "backend.h"
 
 #if defined(__linux__) && defined(HAVE_SYS_SELECT_H)
 
@@ -49,7 +49,7 @@ struct select_backend {
     select_word *bits;                /* one block: the interest sets, then the result sets */
     select_word *interest[SETS];      /* kept by arm and disarm */
     select_word *result[SETS];        /* copies of interest[] handed to select, which overwrites them */
-    struct evt_registration **regs;   /* by descriptor (words * WORD_BITS): the armed registration */
+    struct evt_watch **watches;   /* by descriptor (words * WORD_BITS): the armed registration */
 };
 
 static const char *
@@ -67,7 +67,7 @@ select_point(struct select_backend *backend)
     }
 }
 
-/* Makes room for descriptor fd in the sets and regs: 0, or -ENOMEM with nothing changed. Memory
+/* Makes room for descriptor fd in the sets and watches: 0, or -ENOMEM with nothing changed. Memory
  * from malloc, not ruby_xmalloc: running short is an -ENOMEM the core raises, not an exception
  * from inside arm with the sets half made. */
 static int
@@ -76,18 +76,18 @@ select_grow_sets(struct select_backend *backend, int fd)
     size_t words = backend->words;
     while (words * WORD_BITS <= (size_t)fd) words *= 2;
     select_word *bits = calloc(words * 2 * SETS, sizeof(*bits));
-    struct evt_registration **regs = calloc(words * WORD_BITS, sizeof(*regs));
-    if (!bits || !regs) {
+    struct evt_watch **watches = calloc(words * WORD_BITS, sizeof(*watches));
+    if (!bits || !watches) {
         free(bits);
-        free(regs);
+        free(watches);
         return -ENOMEM;
     }
     for (int s = 0; s < SETS; s++) memcpy(bits + (size_t)s * words, backend->interest[s], backend->words * sizeof(*bits));
-    memcpy(regs, backend->regs, backend->words * WORD_BITS * sizeof(*regs));
+    memcpy(watches, backend->watches, backend->words * WORD_BITS * sizeof(*watches));
     free(backend->bits);
-    free(backend->regs);
+    free(backend->watches);
     backend->bits = bits;
-    backend->regs = regs;
+    backend->watches = watches;
     backend->words = words;
     select_point(backend);
     return 0;
@@ -97,42 +97,42 @@ static void
 select_free(struct select_backend *backend)
 {
     free(backend->bits);
-    free(backend->regs);
+    free(backend->watches);
     free(backend);
 }
 
 static int
-select_open(struct evt_loop *loop)
+select_open(struct evt_kernel *kernel)
 {
     struct select_backend *backend = calloc(1, sizeof(*backend));
     if (!backend) return -ENOMEM;
     backend->words = INITIAL_WORDS;
-    while (backend->words * WORD_BITS <= (size_t)loop->kernel.wakeup.read_fd) backend->words *= 2;
+    while (backend->words * WORD_BITS <= (size_t)kernel->wakeup.read_fd) backend->words *= 2;
     backend->bits = calloc(backend->words * 2 * SETS, sizeof(*backend->bits));
-    backend->regs = calloc(backend->words * WORD_BITS, sizeof(*backend->regs));
-    if (!backend->bits || !backend->regs) {
+    backend->watches = calloc(backend->words * WORD_BITS, sizeof(*backend->watches));
+    if (!backend->bits || !backend->watches) {
         select_free(backend);
         return -ENOMEM;
     }
     select_point(backend);
-    BIT_SET(backend->interest[SET_READ], loop->kernel.wakeup.read_fd); /* always in the read set */
-    backend->nfds = loop->kernel.wakeup.read_fd + 1;
-    loop->kernel.data = backend;
+    BIT_SET(backend->interest[SET_READ], kernel->wakeup.read_fd); /* always in the read set */
+    backend->nfds = kernel->wakeup.read_fd + 1;
+    kernel->data = backend;
     return 0;
 }
 
 static void
-select_close(struct evt_loop *loop)
+select_close(struct evt_kernel *kernel)
 {
-    select_free(loop->kernel.data);
+    select_free(kernel->data);
 }
 
 static int
-select_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+select_arm(struct evt_kernel *kernel, int fd, struct evt_watch *watch)
 {
-    struct select_backend *backend = loop->kernel.data;
-    struct evt_backend_slot *slot = &reg->slot;
-    int err = evt_backend_slot_check(slot, fd, reg->generation);
+    struct select_backend *backend = kernel->data;
+    struct evt_backend_slot *slot = &watch->slot;
+    int err = evt_backend_slot_check(slot, fd, watch->generation);
     if (err < 0) return err;
     if ((size_t)fd >= backend->words * WORD_BITS) {
         err = select_grow_sets(backend, fd);
@@ -140,27 +140,27 @@ select_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
     }
     if (slot->index < 0) {
         backend->armed++;
-        backend->regs[fd] = reg;
+        backend->watches[fd] = watch;
         slot->index = fd; /* armed */
     }
     static const int events[SETS] = {EVT_READABLE, EVT_WRITABLE, EVT_PRIORITY};
     for (int s = 0; s < SETS; s++) {
-        if (reg->events & events[s]) BIT_SET(backend->interest[s], fd);
+        if (watch->events & events[s]) BIT_SET(backend->interest[s], fd);
         else BIT_CLEAR(backend->interest[s], fd);
     }
     if (fd >= backend->nfds) backend->nfds = fd + 1;
-    slot->interest = reg->events;
+    slot->interest = watch->events;
     return 0;
 }
 
 static void
-select_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+select_disarm(struct evt_kernel *kernel, int fd, struct evt_watch *watch)
 {
-    struct evt_backend_slot *slot = &reg->slot;
+    struct evt_backend_slot *slot = &watch->slot;
     if (slot->index < 0) return; /* never armed (a file), or the backend was closed since */
-    struct select_backend *backend = loop->kernel.data;
+    struct select_backend *backend = kernel->data;
     for (int s = 0; s < SETS; s++) BIT_CLEAR(backend->interest[s], fd);
-    backend->regs[fd] = NULL;
+    backend->watches[fd] = NULL;
     backend->armed--;
     slot->index = -1;
     slot->interest = 0;
@@ -179,10 +179,10 @@ select_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 }
 
 /* After EBADF: collects the descriptors in the interest sets that are not open any more (closed
- * without IO#close, or by another thread) into loop->kernel.fired, as POLLNVAL (every event). Their count,
+ * without IO#close, or by another thread) into kernel->fired, as POLLNVAL (every event). Their count,
  * or -1 when the wakeup descriptor itself was closed behind our back. Without the GVL. */
 static int
-select_find_closed(struct evt_loop *loop, struct select_backend *backend, size_t words)
+select_find_closed(struct evt_kernel *kernel, struct select_backend *backend, size_t words)
 {
     int found = 0;
     for (size_t i = 0; i < words; i++) {
@@ -191,33 +191,33 @@ select_find_closed(struct evt_loop *loop, struct select_backend *backend, size_t
             int fd = (int)(i * WORD_BITS + (size_t)__builtin_ctzl(any));
             any &= any - 1;
             if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
-            if (fd == loop->kernel.wakeup.read_fd) return -1;
-            if (found == loop->kernel.fired_capacity) continue; /* reported by a later wait */
-            loop->kernel.fired[found++] = (struct evt_fired){
+            if (fd == kernel->wakeup.read_fd) return -1;
+            if (found == kernel->fired_capacity) continue; /* reported by a later wait */
+            kernel->fired[found++] = (struct evt_fired){
                 .fd = fd,
-                .generation = backend->regs[fd]->generation,
-                .events = evt_events_from_poll(POLLNVAL),
+                .generation = backend->watches[fd]->generation,
+                .events = evt_backend_events(POLLNVAL),
             };
         }
     }
     return found;
 }
 
-/* Level-triggered: what does not fit in loop->kernel.fired this time is reported again by the next wait. */
+/* Level-triggered: what does not fit in kernel->fired this time is reported again by the next wait. */
 static int
-select_wait(struct evt_loop *loop, int64_t timeout_ns)
+select_wait(struct evt_kernel *kernel, int64_t timeout_ns)
 {
-    struct select_backend *backend = loop->kernel.data;
+    struct select_backend *backend = kernel->data;
     int nfds = backend->nfds;
     size_t words = WORD_OF(nfds - 1) + 1;
     struct timespec ts = {(time_t)(timeout_ns / 1000000000), (long)(timeout_ns % 1000000000)};
     struct timespec zero = {0, 0};
-    int closed = 0; /* entries of descriptors found closed, at the start of loop->kernel.fired */
+    int closed = 0; /* entries of descriptors found closed, at the start of kernel->fired */
     int n = -1;
     for (int attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
         for (int s = 0; s < SETS; s++) memcpy(backend->result[s], backend->interest[s], words * sizeof(select_word));
         for (int i = 0; i < closed; i++)
-            for (int s = 0; s < SETS; s++) BIT_CLEAR(backend->result[s], loop->kernel.fired[i].fd);
+            for (int s = 0; s < SETS; s++) BIT_CLEAR(backend->result[s], kernel->fired[i].fd);
         /* With closed descriptors to report, only a look at the others. */
         const struct timespec *timeout = closed ? &zero : timeout_ns < 0 ? NULL : &ts;
         n = pselect(nfds, (fd_set *)backend->result[SET_READ], (fd_set *)backend->result[SET_WRITE],
@@ -227,7 +227,7 @@ select_wait(struct evt_loop *loop, int64_t timeout_ns)
         if (err == EINTR) break; /* the loop checks interrupts; the sets say nothing */
         if (err != EBADF) return -err;
         /* Found afresh each time: every descriptor closed by now, those of earlier attempts too. */
-        closed = select_find_closed(loop, backend, words);
+        closed = select_find_closed(kernel, backend, words);
         if (closed < 0) return -EBADF; /* the wakeup descriptor: no wait can work any more */
         /* None found: the number was opened again meanwhile, and a new select sees that file. */
     }
@@ -242,16 +242,16 @@ select_wait(struct evt_loop *loop, int64_t timeout_ns)
                 select_word bit = any & -any;
                 int fd = (int)(i * WORD_BITS + (size_t)__builtin_ctzl(any));
                 any &= any - 1;
-                if (fd == loop->kernel.wakeup.read_fd) {
-                    evt_wakeup_drain(&loop->kernel.wakeup);
+                if (fd == kernel->wakeup.read_fd) {
+                    evt_wakeup_drain(&kernel->wakeup);
                     continue;
                 }
-                if (fired == loop->kernel.fired_capacity) continue;
+                if (fired == kernel->fired_capacity) continue;
                 unsigned revents = (r & bit ? POLLIN : 0) | (w & bit ? POLLOUT : 0) | (e & bit ? POLLPRI : 0);
-                loop->kernel.fired[fired++] = (struct evt_fired){
+                kernel->fired[fired++] = (struct evt_fired){
                     .fd = fd,
-                    .generation = backend->regs[fd]->generation,
-                    .events = evt_events_from_poll(revents),
+                    .generation = backend->watches[fd]->generation,
+                    .events = evt_backend_events(revents),
                 };
             }
         }

@@ -10,13 +10,13 @@
  *
  * Features are probed at run time, never taken from liburing's headers: the kernel may be older
  * or newer than the library. */
-#include "core.h"
-#include "waiter.h"
+#include "backend.h"
 
 #ifdef HAVE_LIBURING_H
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +50,7 @@ struct uring_backend {
     struct io_uring ring;
     struct uring_poll *polls; /* [polls_size], zeroed */
     int polls_size;
-    int wakeup_fd;         /* the core's (loop->kernel.wakeup) */
+    int wakeup_fd;         /* the core's (kernel->wakeup) */
     uint64_t wakeup_value; /* its read lands here */
     uint64_t cancel_serial; /* of the last cancellation asked (uring_cancel); its answer: */
     int cancel_answer;      /* CANCEL_UNANSWERED, or what the kernel said (0, -ENOENT, -EALREADY) */
@@ -116,7 +116,7 @@ probe_once(void)
     int err = ring_create(&ring, 0);
     /* Out of descriptors says nothing about io_uring: not remembered, and opening raises EMFILE.
      * Another error may pass too (ENOMEM: memlock), so it is not remembered either. */
-    if (evt_out_of_descriptors(-err)) return NULL;
+    if (evt_backend_out_of_descriptors(-err)) return NULL;
     if (err < 0 && err != -ENOSYS && err != -EPERM) return strerror(-err);
     probed = 1;
     if (err == -ENOSYS) return probe_reason = "the kernel has no io_uring, or one older than 5.11";
@@ -186,7 +186,7 @@ thread_may_move(void)
 }
 
 static int
-uring_open(struct evt_loop *loop)
+uring_open(struct evt_kernel *kernel)
 {
     /* The features this ring may use (a probe that met EMFILE learnt none of them). */
     if (uring_probe()) return -ENOSYS;
@@ -197,20 +197,20 @@ uring_open(struct evt_loop *loop)
         ruby_xfree(backend);
         return err;
     }
-    backend->wakeup_fd = loop->kernel.wakeup.read_fd;
+    backend->wakeup_fd = kernel->wakeup.read_fd;
     backend->cancel_serial = 0;
     backend->cancel_answer = 0;
     backend->polls = NULL;
     backend->polls_size = 0;
-    loop->kernel.data = backend;
+    kernel->data = backend;
     arm_wakeup(backend);
     return 0;
 }
 
 static void
-uring_close(struct evt_loop *loop)
+uring_close(struct evt_kernel *kernel)
 {
-    struct uring_backend *backend = loop->kernel.data;
+    struct uring_backend *backend = kernel->data;
     /* Closing the ring cancels what is still in it; in a forked child it only drops the child's
      * mappings and descriptor: the parent's ring is untouched. */
     io_uring_queue_exit(&backend->ring);
@@ -237,9 +237,9 @@ poll_remove(struct uring_backend *backend, int fd, struct uring_poll *poll)
 /* One-shot polls: a request per wait, submitted with the next wait, no system call of its own.
  * The core arms again after each report while waiters remain (the backend is .oneshot). */
 static int
-uring_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+uring_arm(struct evt_kernel *kernel, int fd, struct evt_watch *watch)
 {
-    struct uring_backend *backend = loop->kernel.data;
+    struct uring_backend *backend = kernel->data;
     if (fd >= backend->polls_size) {
         int size = backend->polls_size ? backend->polls_size : 64;
         while (size <= fd) size *= 2;
@@ -248,30 +248,30 @@ uring_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
         backend->polls_size = size;
     }
     struct uring_poll *poll = &backend->polls[fd];
-    if (poll->interest && poll->generation == reg->generation && !(reg->events & ~poll->interest))
+    if (poll->interest && poll->generation == watch->generation && !(watch->events & ~poll->interest))
         return 0; /* one in flight covers it */
     if (poll->interest) poll_remove(backend, fd, poll); /* for fewer events, or for the file this number had */
     struct io_uring_sqe *sqe = next_sqe(backend);
-    io_uring_prep_poll_add(sqe, fd, evt_poll_mask(reg->events));
+    io_uring_prep_poll_add(sqe, fd, evt_backend_poll_mask(watch->events));
     io_uring_sqe_set_data64(sqe, poll_data(fd, ++poll->serial));
-    poll->interest = reg->events;
-    poll->generation = reg->generation;
+    poll->interest = watch->events;
+    poll->generation = watch->generation;
     return 0;
 }
 
 static void
-uring_disarm(struct evt_loop *loop, int fd, struct evt_registration *reg)
+uring_disarm(struct evt_kernel *kernel, int fd, struct evt_watch *watch)
 {
-    (void)reg;
+    (void)watch;
     /* A poll in flight keeps the file open in the kernel: take it back. */
-    struct uring_poll *poll = poll_of(loop->kernel.data, fd);
-    if (poll && poll->interest) poll_remove(loop->kernel.data, fd, poll);
+    struct uring_poll *poll = poll_of(kernel->data, fd);
+    if (poll && poll->interest) poll_remove(kernel->data, fd, poll);
 }
 
 static int
-uring_wait(struct evt_loop *loop, int64_t timeout_ns)
+uring_wait(struct evt_kernel *kernel, int64_t timeout_ns)
 {
-    struct uring_backend *backend = loop->kernel.data;
+    struct uring_backend *backend = kernel->data;
     int r;
     if (timeout_ns == 0) {
         r = io_uring_submit_and_get_events(&backend->ring);
@@ -288,7 +288,7 @@ uring_wait(struct evt_loop *loop, int64_t timeout_ns)
 /* A poll request completed: reported to the core (which arms again for waiters that remain) if
  * it is the descriptor's current one, from the backend's own table alone. */
 static void
-poll_done(struct evt_loop *loop, struct uring_backend *backend, uint64_t data, int res)
+poll_done(struct evt_kernel *kernel, struct uring_backend *backend, uint64_t data, int res)
 {
     int fd = (int)(uint32_t)(data >> 2);
     uint32_t serial = (uint32_t)(data >> 34);
@@ -296,12 +296,12 @@ poll_done(struct evt_loop *loop, struct uring_backend *backend, uint64_t data, i
     if (!poll || (poll->serial & 0x3fffffff) != serial || !poll->interest) return; /* removed or replaced */
     poll->interest = 0; /* one-shot: nothing in flight now */
     /* A failed poll (-EBADF) counts as POLLNVAL: the waiters meet the error themselves. */
-    evt_waiter_fired(loop, fd, poll->generation, evt_events_from_poll(res < 0 ? POLLNVAL : (unsigned)res));
+    evt_waiter_fired(kernel, fd, poll->generation, evt_backend_events(res < 0 ? POLLNVAL : (unsigned)res));
 }
 
 /* Reports what the ring has, and what the kernel still holds back of it (below). */
 static void
-dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
+dispatch_completions(struct evt_kernel *kernel, struct uring_backend *backend)
 {
     int rounds = 0;
     for (;;) {
@@ -312,11 +312,11 @@ dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
             switch (data & TAG_MASK) {
             case TAG_OP: {
                 struct evt_op *op = (struct evt_op *)(uintptr_t)data;
-                evt_waiter_done(loop, op, op->cancelled ? -ECANCELED : cqe->res);
+                evt_waiter_done(kernel, op, op->cancelled ? -ECANCELED : cqe->res);
                 break;
             }
             case TAG_POLL:
-                poll_done(loop, backend, data, cqe->res);
+                poll_done(kernel, backend, data, cqe->res);
                 break;
             case TAG_WAKEUP:
                 arm_wakeup(backend);
@@ -348,9 +348,9 @@ dispatch_completions(struct evt_loop *loop, struct uring_backend *backend)
 }
 
 static void
-uring_complete(struct evt_loop *loop)
+uring_complete(struct evt_kernel *kernel)
 {
-    dispatch_completions(loop, loop->kernel.data);
+    dispatch_completions(kernel, kernel->data);
 }
 
 /* waitid(P_PID, pid, info, WEXITED | WNOWAIT) in the ring: the child stays to be reaped by Ruby,
@@ -367,9 +367,9 @@ prep_waitid(struct io_uring_sqe *sqe, pid_t pid, siginfo_t *info)
 }
 
 static int
-uring_transfer(struct evt_loop *loop, struct evt_op *op)
+uring_transfer(struct evt_kernel *kernel, struct evt_op *op)
 {
-    struct uring_backend *backend = loop->kernel.data;
+    struct uring_backend *backend = kernel->data;
     if (op->kind == EVT_OP_WAITID && !has_waitid) return -ENOTSUP;
     struct io_uring_sqe *sqe = next_sqe(backend);
     if (op->kind == EVT_OP_WAITID) {
@@ -414,9 +414,9 @@ unsubmit(struct io_uring_sq *sq, struct evt_op *op)
 }
 
 static void
-uring_cancel(struct evt_loop *loop, struct evt_op *op)
+uring_cancel(struct evt_kernel *kernel, struct evt_op *op)
 {
-    struct uring_backend *backend = loop->kernel.data;
+    struct uring_backend *backend = kernel->data;
     /* A request the kernel has not seen is simply never made: cheaper than a cancellation. */
     if (unsubmit(&backend->ring.sq, op)) backend->cancel_answer = 0;
     else backend->cancel_answer = -ENOENT;
@@ -437,7 +437,7 @@ uring_cancel(struct evt_loop *loop, struct evt_op *op)
         struct io_uring_cqe *cqe;
         int r = io_uring_submit_and_wait_timeout(&backend->ring, &cqe, 1, NULL, NULL);
         if (r < 0 && r != -EINTR && r != -ETIME && r != -EBUSY && r != -EAGAIN) rb_syserr_fail(-r, "io_uring_enter");
-        dispatch_completions(loop, backend);
+        dispatch_completions(kernel, backend);
     }
 }
 
@@ -445,13 +445,13 @@ uring_cancel(struct evt_loop *loop, struct evt_op *op)
  * still queued. Submit them and run the kernel's deferred work, which completes the removed polls
  * and so lets go of the file before the close. */
 static void
-uring_release(struct evt_loop *loop, int fd, struct evt_registration *reg)
+uring_release(struct evt_kernel *kernel, int fd, struct evt_watch *watch)
 {
-    struct uring_backend *backend = loop->kernel.data;
+    struct uring_backend *backend = kernel->data;
     if (!io_uring_sq_ready(&backend->ring)) return;
     int r = io_uring_submit_and_get_events(&backend->ring);
     if (r < 0 && r != -EINTR && r != -EBUSY && r != -EAGAIN) rb_syserr_fail(-r, "io_uring_enter");
-    dispatch_completions(loop, backend);
+    dispatch_completions(kernel, backend);
 }
 
 /* Whether a queued request names the descriptor fd. */
@@ -490,7 +490,7 @@ yield_cpu(void *unused)
 /* Another thread, holding the GVL, is about to close fd: no request naming it may reach the kernel
  * after that, when the number may belong to another file. The kernel takes queued requests only
  * inside io_uring_enter, which the loop's thread calls either with the GVL (cancel, release, a
- * zero-timeout wait: not now, then) or between setting and clearing loop->kernel.blocked, both under the
+ * zero-timeout wait: not now, then) or between setting and clearing kernel->blocked, both under the
  * GVL. So while blocked is clear, the loop's thread is away from the ring and cannot come back
  * before the closer is done: the queued requests become no-ops with the same user_data, so their
  * waiters still get a completion. While it is set, the loop's thread is on its way into the kernel,
@@ -498,16 +498,16 @@ yield_cpu(void *unused)
  * returned without taking them: an interrupt, -EBUSY): wait, letting it have the GVL, until either
  * the requests are taken (the kernel then holds the file, not the number) or blocked is clear. */
 static void
-uring_closed_elsewhere(struct evt_loop *loop, int fd)
+uring_closed_elsewhere(struct evt_kernel *kernel, int fd)
 {
-    struct io_uring_sq *sq = &((struct uring_backend *)loop->kernel.data)->ring.sq;
-    while (__atomic_load_n(&loop->kernel.blocked, __ATOMIC_SEQ_CST)) {
+    struct io_uring_sq *sq = &((struct uring_backend *)kernel->data)->ring.sq;
+    while (__atomic_load_n(&kernel->blocked, __ATOMIC_SEQ_CST)) {
         if (!queued_for(sq, fd)) return;
         rb_thread_call_without_gvl(yield_cpu, NULL, RUBY_UBF_IO, NULL);
         /* Other threads ran meanwhile: the ring may have been closed (its requests with it) or
          * replaced. */
-        if (!loop->kernel.data) return;
-        sq = &((struct uring_backend *)loop->kernel.data)->ring.sq;
+        if (!kernel->data) return;
+        sq = &((struct uring_backend *)kernel->data)->ring.sq;
     }
     for (unsigned i = io_uring_smp_load_acquire(sq->khead); i != sq->sqe_tail; i++) {
         struct io_uring_sqe *sqe = &sq->sqes[i & sq->ring_mask];
@@ -529,12 +529,12 @@ uring_closed_elsewhere(struct evt_loop *loop, int fd)
 enum { PROBE_SCORE_MAX = 4, PROBE_SKIP = 15 };
 
 static long
-uring_read_now(struct evt_loop *loop, int fd, struct evt_registration *reg, int socket, void *base, size_t size)
+uring_read_now(struct evt_kernel *kernel, int fd, struct evt_watch *watch, int socket, void *base, size_t size)
 {
-    (void)loop;
-    struct evt_backend_slot *slot = &reg->slot;
-    if (slot->read_generation != reg->generation) {
-        slot->read_generation = reg->generation;
+    (void)kernel;
+    struct evt_backend_slot *slot = &watch->slot;
+    if (slot->read_generation != watch->generation) {
+        slot->read_generation = watch->generation;
         slot->read_score = 1;
         slot->read_skips = 0;
     }

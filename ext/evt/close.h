@@ -1,4 +1,4 @@
-/* Closing IOs that fibers wait on, and requests from other threads (close.c). */
+/* Closing IOs that fibers wait on (close.c). */
 #ifndef EVT_CLOSE_H
 #define EVT_CLOSE_H
 
@@ -7,16 +7,14 @@
 /* Raises the IOError of a read or write whose IO another fiber or thread closed. */
 NORETURN(void evt_close_raise(void));
 /* IO#close from any thread of this process: wakes every fiber waiting on io (the object, not just
- * its descriptor) with EVT_CLOSED, before the descriptor is closed. */
-void evt_close_io(VALUE io, int fd);
+ * its descriptor) with EVT_CLOSED, before the descriptor is closed. Returns the loop whose woken
+ * fibers must run before the close goes on (Ruby 4.0, a blocking closer), or NULL. */
+struct evt_loop *evt_close_io(VALUE io, int fd);
 /* Ruby 4.0's io_close(fd): wakes the waiters on fd whose IO Ruby has marked closed. */
 void evt_close_descriptor(struct evt_loop *loop, int fd);
-/* From another thread (holding the GVL): [io, fd] closed, or [fiber, exception] to raise. */
-void evt_close_request(struct evt_loop *loop, VALUE first, VALUE second);
-/* Serves the closes among the requests; returns the rest (interrupts), or nil. */
-VALUE evt_close_serve(struct evt_loop *loop);
+/* Another thread's close of io on fd, which it asked of the loop: served on the loop's thread. */
+void evt_close_heard(struct evt_loop *loop, VALUE io, int fd);
 struct evt_orphan;
 void evt_close_orphan_release(struct evt_orphan *orphan);
-void evt_close_init(VALUE mEvt);
 
 #endif

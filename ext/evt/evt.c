@@ -5,11 +5,11 @@
  * the @!parse block for Evt::Loop in lib/evt.rb: a public method added, renamed or removed here
  * goes there too (test/yard_test.rb compares the two). */
 #include "core.h"
-#include "wait.h"
 #include "object.h"
-#include "close.h"
 #include "loop.h"
+#include "wait.h"
 #include "hooks.h"
+#include "closers.h"
 #include "selector.h"
 #include "socket_write.h"
 #include "blocking.h"
@@ -117,7 +117,7 @@ loop_start(VALUE self, VALUE fiber)
     else {
         struct evt_wait wait;
         evt_wait_start(&wait, loop, fiber);
-        evt_loop_suspend(&wait);
+        evt_wait_suspend(&wait);
     }
     return fiber;
 }
@@ -134,12 +134,7 @@ loop_started(VALUE self)
     return Qnil;
 }
 
-/*
- * run -> self
- *
- * Runs the loop until no fiber waits in it. Call it from the blocking fiber that drives the
- * scheduler (usually the thread's main fiber).
- */
+/* Evt::Loop#run (documented in lib/evt.rb). */
 static VALUE
 loop_run_m(VALUE self)
 {
@@ -157,13 +152,8 @@ loop_run_m(VALUE self)
     return self;
 }
 
-/*
- * scheduler_close -> nil
- *
- * Runs every fiber to completion, then releases the kernel objects (a later use opens new ones).
- * Ruby calls it when the thread ends or another scheduler is set; it keeps $! as it found it, so
- * the exception that is ending a thread is not lost.
- */
+/* Evt::Loop#scheduler_close (documented in lib/evt.rb): keeps $! as it found it: the exception ending
+ * a thread must not be lost. */
 static VALUE
 loop_scheduler_close(VALUE self)
 {
@@ -193,46 +183,30 @@ loop_close_backend_m(VALUE self)
     return Qnil;
 }
 
-/*
- * wakeup -> nil
- *
- * Ends a wait in the kernel in progress, from any thread.
- */
+/* Evt::Loop#wakeup (documented in lib/evt.rb). */
 static VALUE
 loop_wakeup(VALUE self)
 {
     struct evt_loop *loop = evt_object_check(self);
-    evt_loop_wake(loop);
+    evt_core_wake(loop);
     return Qnil;
 }
 
-/*
- * backend -> Symbol
- *
- * The name of the backend the loop runs on.
- */
+/* Evt::Loop#backend (documented in lib/evt.rb). */
 static VALUE
 loop_backend(VALUE self)
 {
     return ID2SYM(rb_intern(evt_object_check(self)->kernel.backend->name));
 }
 
-/*
- * closed? -> true or false
- *
- * Whether the kernel objects are released (#scheduler_close); a later use opens new ones.
- */
+/* Evt::Loop#closed? (documented in lib/evt.rb). */
 static VALUE
 loop_closed_p(VALUE self)
 {
     return evt_object_check(self)->kernel.data ? Qfalse : Qtrue;
 }
 
-/*
- * waiting -> Integer
- *
- * The number of fibers suspended in the loop.
- */
+/* Evt::Loop#waiting (documented in lib/evt.rb). */
 static VALUE
 loop_waiting(VALUE self)
 {
@@ -268,11 +242,7 @@ backend_named(VALUE name)
     return NULL;
 }
 
-/*
- * Evt::Loop.new(backend) -> loop
- *
- * +backend+ names one of Evt::Loop.backends; ArgumentError when it is unknown or cannot run here.
- */
+/* Evt::Loop#initialize (documented in lib/evt.rb). */
 static VALUE
 loop_initialize(VALUE self, VALUE name)
 {
@@ -289,11 +259,7 @@ loop_initialize(VALUE self, VALUE name)
     return self;
 }
 
-/*
- * Evt::Loop.backends -> Array
- *
- * The names of the backends this build has, fastest first, whether or not they can run here.
- */
+/* Evt::Loop.backends (documented in lib/evt.rb). */
 static VALUE
 loop_s_backends(VALUE klass)
 {
@@ -302,12 +268,7 @@ loop_s_backends(VALUE klass)
     return names;
 }
 
-/*
- * Evt::Loop.probe(name) -> String or nil
- *
- * nil when the backend can run here, else the reason it cannot ("unknown backend" for a name this
- * build does not have).
- */
+/* Evt::Loop.probe (documented in lib/evt.rb). */
 static VALUE
 loop_s_probe(VALUE klass, VALUE name)
 {
@@ -317,12 +278,7 @@ loop_s_probe(VALUE klass, VALUE name)
     return reason ? rb_str_new_cstr(reason) : Qnil;
 }
 
-/*
- * Evt::Loop.emulation(name) -> String or nil
- *
- * What stands in for the backend's kernel mechanism on this machine ("libkqueue, over epoll" for
- * kqueue on Linux), or nil when the kernel has it (or the name is unknown).
- */
+/* Evt::Loop.emulation (documented in lib/evt.rb). */
 static VALUE
 loop_s_emulation(VALUE klass, VALUE name)
 {
@@ -356,6 +312,7 @@ Init_evt(void)
     VALUE mEvt = rb_define_module("Evt");
     evt_object_init(mEvt);
     evt_loop_init();
+    evt_wait_init();
 
     rb_define_singleton_method(evt_object_class, "backends", loop_s_backends, 0);
     rb_define_singleton_method(evt_object_class, "probe", loop_s_probe, 1);
@@ -374,7 +331,7 @@ Init_evt(void)
     rb_define_private_method(evt_object_class, "suspended_fibers", loop_fibers, 0);
 
     evt_hooks_init(evt_object_class);
-    evt_close_init(mEvt);
+    evt_closers_init(mEvt);
     evt_selector_init(mEvt);
     evt_socket_write_init(mEvt);
     evt_blocking_init(mEvt);

@@ -4,10 +4,10 @@
 #include "core.h"
 #include "registration.h"
 #include "waiter.h"
-#include "wait.h"
 #include "object.h"
+#include "requests.h"
 #include "close.h"
-#include "loop.h"
+#include "wait.h"
 #include "io.h"
 #include "hooks.h"
 
@@ -52,7 +52,7 @@ select_now(struct select_call *call)
     }
     for (long i = 0; i < count; i++) {
         if (call->selection.events[i] == EVT_READABLE && !(call->pollfds[i].revents & POLLIN) &&
-            rb_io_read_pending(RFILE(call->selection.ios[i])->fptr)) {
+            evt_rubyio_read_pending(call->selection.ios[i])) {
             call->pollfds[i].revents |= POLLIN;
             n++;
         }
@@ -83,23 +83,13 @@ select_now(struct select_call *call)
 static int
 selection_closed(const struct evt_selection *selection)
 {
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's fd, public in 3.3 and 3.4 */
-    for (long i = 0; i < selection->count; i++) {
-        rb_io_t *fptr = RFILE(selection->ios[i])->fptr;
-        if (!fptr || fptr->fd < 0) return 1;
-    }
-#pragma GCC diagnostic pop
+    for (long i = 0; i < selection->count; i++)
+        if (evt_rubyio_closed(selection->ios[i])) return 1;
     return 0;
 }
 
-/*
- * io_select(readables, writables = nil, exceptables = nil, timeout = nil) -> Array or nil
- *
- * IO.select without a thread: every IO is watched by the loop at once, the fiber wakes on the first
- * readiness or the timeout, and gets what IO.select gives: the ready objects of each array, or nil
- * when the time ran out.
- */
+/* Evt::Loop#io_select (documented in lib/evt.rb): every IO watched by the loop at once: no thread per
+ * call. */
 static VALUE
 loop_io_select(int argc, VALUE *argv, VALUE self)
 {
@@ -135,11 +125,11 @@ loop_io_select(int argc, VALUE *argv, VALUE self)
     }
 
     VALUE result = select_now(&call);
-    int64_t deadline = timeout > 0 ? evt_now_ns() + timeout : timeout;
+    int64_t deadline = timeout > 0 ? evt_timers_now() + timeout : timeout;
     while (NIL_P(result) && timeout != 0) {
         struct evt_wait wait;
         evt_wait_select(&wait, loop, &call.selection, timeout);
-        enum evt_outcome outcome = evt_loop_suspend(&wait);
+        enum evt_outcome outcome = evt_wait_suspend(&wait);
         int closed = outcome != EVT_CLOSED && selection_closed(&call.selection);
         if (outcome == EVT_CLOSED || closed) {
             for (int b = 0; b < 5; b++) ALLOCV_END(buffers[b]);
@@ -148,7 +138,7 @@ loop_io_select(int argc, VALUE *argv, VALUE self)
         }
         result = select_now(&call);
         if (outcome == EVT_TIMED_OUT) break;
-        if (deadline > 0 && (timeout = deadline - evt_now_ns()) < 0) timeout = 0;
+        if (deadline > 0 && (timeout = deadline - evt_timers_now()) < 0) timeout = 0;
     }
     for (int b = 0; b < 5; b++) ALLOCV_END(buffers[b]);
     return result;
@@ -175,13 +165,8 @@ timeout_cancel(VALUE ptr)
     return Qnil;
 }
 
-/*
- * timeout_after(duration, exception_class, *arguments) { |duration| ... } -> the block's value
- *
- * Runs the block; if it still runs after +duration+ seconds, raises exception_class.new(*arguments)
- * in the fiber, wherever it waits. A timer on the loop's heap: the block finishing first removes
- * it. Timeouts nest. A negative duration has expired already: the block's first wait raises.
- */
+/* Evt::Loop#timeout_after (documented in lib/evt.rb): a timer on the loop's heap, which the block
+ * finishing first removes. */
 static VALUE
 loop_timeout_after(int argc, VALUE *argv, VALUE self)
 {
@@ -199,7 +184,7 @@ loop_timeout_after(int argc, VALUE *argv, VALUE self)
     /* Made now, so a bad class fails here, in the caller, not in the loop when the time is up. */
     call.timeout.exception = rb_make_exception(argc - 1, argv + 1);
     call.timeout.duration = argv[0];
-    evt_timers_add(&loop->timers, &call.timeout.timer, evt_now_ns() + duration);
+    evt_timers_add(&loop->timers, &call.timeout.timer, evt_timers_now() + duration);
     VALUE result = rb_ensure(timeout_yield, (VALUE)&call, timeout_cancel, (VALUE)&call);
     RB_GC_GUARD(call.timeout.exception);
     return result;
@@ -222,7 +207,7 @@ loop_wait_child_exit(VALUE self, VALUE pid)
     struct evt_op op = {.kind = EVT_OP_WAITID, .fd = NUM2PIDT(pid), .base = &info, .position = -1};
     struct evt_wait wait;
     evt_wait_op(&wait, loop, Qnil, &op, Qnil, -1);
-    evt_loop_suspend(&wait);
+    evt_wait_suspend(&wait);
     if (op.result == -ENOTSUP) return Qnil;
     return op.result == 0 ? Qtrue : Qfalse;
 }
@@ -250,23 +235,18 @@ loop_pidfd_open(VALUE self, VALUE pid)
 static int
 loop_block(struct evt_loop *loop, int64_t timeout)
 {
-    int64_t deadline = timeout >= 0 ? evt_now_ns() + timeout : -1;
+    int64_t deadline = timeout >= 0 ? evt_timers_now() + timeout : -1;
     for (;;) {
         struct evt_wait wait;
         evt_wait_block(&wait, loop, timeout);
-        enum evt_outcome outcome = evt_loop_suspend(&wait);
+        enum evt_outcome outcome = evt_wait_suspend(&wait);
         if (outcome == EVT_UNBLOCKED) return 1;
         if (outcome == EVT_TIMED_OUT) return 0;
-        if (deadline >= 0 && (timeout = deadline - evt_now_ns()) < 0) timeout = 0;
+        if (deadline >= 0 && (timeout = deadline - evt_timers_now()) < 0) timeout = 0;
     }
 }
 
-/*
- * kernel_sleep(duration = nil) -> nil
- *
- * Sleeps for +duration+ seconds, or until #unblock (nil: no limit). sleep(0) lets the other ready
- * fibers run first.
- */
+/* Evt::Loop#kernel_sleep (documented in lib/evt.rb). */
 static VALUE
 loop_kernel_sleep(int argc, VALUE *argv, VALUE self)
 {
@@ -276,18 +256,14 @@ loop_kernel_sleep(int argc, VALUE *argv, VALUE self)
     if (timeout == 0) {
         struct evt_wait wait;
         evt_wait_yield(&wait, loop);
-        evt_loop_suspend(&wait);
+        evt_wait_suspend(&wait);
         return Qnil;
     }
     loop_block(loop, timeout);
     return Qnil;
 }
 
-/*
- * block(blocker, timeout = nil) -> true or false
- *
- * Blocks the current fiber until #unblock (true) or until +timeout+ seconds have passed (false).
- */
+/* Evt::Loop#block (documented in lib/evt.rb). */
 static VALUE
 loop_block_m(int argc, VALUE *argv, VALUE self)
 {
@@ -301,12 +277,8 @@ loop_block_m(int argc, VALUE *argv, VALUE self)
     return loop_block(evt_object_get(self), timeout) ? Qtrue : Qfalse;
 }
 
-/*
- * unblock(blocker, fiber) -> nil
- *
- * Wakes +fiber+ from #block or #kernel_sleep. Safe from any thread: wakes the loop if it is
- * waiting in the kernel, and costs no system call otherwise.
- */
+/* Evt::Loop#unblock (documented in lib/evt.rb): safe from any thread: it wakes the loop only when the
+ * loop waits in the kernel. */
 static VALUE
 loop_unblock(VALUE self, VALUE blocker, VALUE fiber)
 {
@@ -321,23 +293,15 @@ loop_unblock(VALUE self, VALUE blocker, VALUE fiber)
      * not running: an unblock for it belongs to a block that is over, and is dropped.) */
     else if (fiber == loop->current && !NIL_P(fiber) && (fiber != loop->loop_fiber || !loop->running))
         loop->early_unblock = fiber; /* (the loop fiber inside the loop is the loop at work, not running code) */
-    evt_loop_wake(loop);
+    evt_core_wake(loop);
     return Qnil;
 }
 
 
 /* ---- Ruby 4.0: io_close, fiber_interrupt --------------------------------------------------------- */
 
-/*
- * io_close(fd) -> true or false
- *
- * Ruby 4.0 asks the scheduler to close a descriptor, once it has marked the IO closed and
- * interrupted the fibers whose waits it knows of. The loop wakes the others (an IO.select, a wait
- * begun while the close flushed) and lets go of what the kernel holds for fd, then closes it with
- * close(2), at once: a close through io_uring would suspend the closer for a turn of the loop, which
- * costs more than the call itself. true: closed (Ruby does nothing more); false: it was not open,
- * and Ruby's own close says so.
- */
+/* Evt::Loop#io_close (documented in lib/evt.rb): close(2) at once, not through io_uring: that would
+ * suspend the closer for a turn, which costs more than the call. */
 static VALUE
 loop_io_close(VALUE self, VALUE fd_value)
 {
@@ -346,19 +310,13 @@ loop_io_close(VALUE self, VALUE fd_value)
     if (fd < 0) return Qfalse;
     evt_close_descriptor(loop, fd);
     struct evt_registration *reg = evt_registration_find(loop, fd);
-    if (reg && !reg->events && loop->kernel.backend->release) loop->kernel.backend->release(loop, fd, reg);
+    if (reg && !reg->watch.events && loop->kernel.backend->release) loop->kernel.backend->release(&loop->kernel, fd, &reg->watch);
     /* Any error but EBADF still released the descriptor (Linux): closing it again could hit another file. */
     return close(fd) < 0 && errno == EBADF ? Qfalse : Qtrue;
 }
 
-/*
- * fiber_interrupt(fiber, exception) -> nil
- *
- * Ruby 4.0: raises +exception+ in +fiber+, which waits in this scheduler (IO#close uses it for the
- * fibers waiting on the IO it closes). From any thread: the loop raises it on its next turn. +fiber+
- * is a Fiber, or, as scheduler interface 5 allows (ruby/ruby#18793), any object that answers alive?,
- * raise and transfer (a wrapper around one); TypeError otherwise.
- */
+/* Evt::Loop#fiber_interrupt (documented in lib/evt.rb): from any thread: the loop raises it on its
+ * next turn. */
 static VALUE
 loop_fiber_interrupt(VALUE self, VALUE fiber, VALUE exception)
 {
@@ -370,7 +328,8 @@ loop_fiber_interrupt(VALUE self, VALUE fiber, VALUE exception)
                                         "raise and transfer; %" PRIsVALUE " does not answer %s",
                          rb_obj_class(fiber), needed[i]);
     }
-    evt_close_request(evt_object_check(self), fiber, exception);
+    struct evt_request request = {EVT_REQUEST_INTERRUPT, fiber, exception};
+    evt_requests_push(evt_object_check(self), &request);
     return Qnil;
 }
 

@@ -9,10 +9,9 @@
  * named *_single or *_minimum, so that both are tested on any Ruby. */
 #include "core.h"
 #include "registration.h"
-#include "wait.h"
 #include "object.h"
 #include "close.h"
-#include "loop.h"
+#include "wait.h"
 #include "io.h"
 
 #include <fcntl.h>
@@ -49,14 +48,14 @@ evt_io_timeout_ns(VALUE timeout)
 static int
 evt_poll_now(int fd, int events)
 {
-    struct pollfd pfd = {.fd = fd, .events = (short)evt_poll_mask(events)};
+    struct pollfd pfd = {.fd = fd, .events = (short)evt_backend_poll_mask(events)};
     int n;
     do n = poll(&pfd, 1, 0);
     while (n < 0 && errno == EINTR);
     if (n < 0) rb_sys_fail("poll");
     if (n == 0) return 0;
     if (pfd.revents & POLLNVAL) rb_syserr_fail(EBADF, "poll");
-    return evt_events_from_poll((unsigned short)pfd.revents) & events;
+    return evt_backend_events((unsigned short)pfd.revents) & events;
 }
 
 /* A wait's outcome as the fiber resumes: made ready by an event, but closed by a fiber that ran
@@ -66,11 +65,7 @@ static enum evt_outcome
 outcome_on_resume(VALUE io, enum evt_outcome outcome)
 {
     if (outcome != EVT_IO_READY || !RB_TYPE_P(io, T_FILE)) return outcome;
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's fd, public in 3.3 and 3.4 */
-    rb_io_t *fptr = RFILE(io)->fptr;
-    return fptr && fptr->fd >= 0 ? outcome : EVT_CLOSED;
-#pragma GCC diagnostic pop
+    return evt_rubyio_closed(io) ? EVT_CLOSED : outcome;
 }
 
 /* Waits until fd has one of `events`: returns them, or 0 when the time ran out; raises IOError when
@@ -78,17 +73,17 @@ outcome_on_resume(VALUE io, enum evt_outcome outcome)
 static int
 evt_loop_wait_io(struct evt_loop *loop, VALUE io, int fd, int events, int64_t timeout)
 {
-    int64_t deadline = timeout >= 0 ? evt_now_ns() + timeout : -1;
+    int64_t deadline = timeout >= 0 ? evt_timers_now() + timeout : -1;
     for (;;) {
         struct evt_wait wait;
         evt_wait_io(&wait, loop, io, fd, events, timeout);
-        switch (outcome_on_resume(io, evt_loop_suspend(&wait))) {
+        switch (outcome_on_resume(io, evt_wait_suspend(&wait))) {
         case EVT_IO_READY: return wait.waiter.ready;
         case EVT_TIMED_OUT: return 0;
         case EVT_CLOSED: evt_close_raise();
         default: break; /* resumed for nothing: wait again for what is left of the time */
         }
-        if (deadline >= 0 && (timeout = deadline - evt_now_ns()) < 0) timeout = 0;
+        if (deadline >= 0 && (timeout = deadline - evt_timers_now()) < 0) timeout = 0;
     }
 }
 
@@ -159,12 +154,8 @@ look_now(struct evt_loop *loop, VALUE io, int fd, int events)
     return (events & ~reg->exhausted) ? evt_poll_now(fd, events) : 0;
 }
 
-/*
- * io_wait(io, events, timeout) -> Integer or false
- *
- * The events of +events+ that are ready, waiting up to +timeout+ seconds (nil: the IO's own
- * #timeout, as Ruby does without a scheduler); false when the time is up first.
- */
+/* Evt::Loop#io_wait (documented in lib/evt.rb): nil timeout is the IO's own #timeout, as Ruby does
+ * without a scheduler. */
 static VALUE
 loop_io_wait(VALUE self, VALUE io, VALUE events_value, VALUE timeout_value)
 {
@@ -181,19 +172,6 @@ loop_io_wait(VALUE self, VALUE io, VALUE events_value, VALUE timeout_value)
     return ready ? INT2FIX(ready) : Qfalse;
 }
 
-/* Whether `base` is the IO's own read buffer. Ruby fills it only from io_fillbuf (gets, read,
- * each_line, eof?...), which waits and tries again after EAGAIN whatever happens: such a read may
- * wait here, saving the round trip through io_wait. read_nonblock and readpartial read into the
- * caller's string instead, and must not wait. */
-static int
-internal_read_buffer(VALUE io, const void *base)
-{
-    if (!RB_TYPE_P(io, T_FILE) || !RFILE(io)->fptr) return 0;
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-    return RFILE(io)->fptr->rbuf.ptr == base;
-#pragma GCC diagnostic pop
-}
 
 /* One transfer done by the backend (io_uring): submits it and waits for its completion under the
  * IO's timeout. Returns bytes or -errno; *timed_out when the time ran out with nothing done. */
@@ -202,7 +180,7 @@ transfer_by_backend(struct evt_loop *loop, VALUE io, VALUE buffer, struct evt_op
 {
     struct evt_wait wait;
     evt_wait_op(&wait, loop, io, op, buffer, evt_io_timeout_ns(rb_io_timeout(io)));
-    enum evt_outcome outcome = evt_loop_suspend(&wait);
+    enum evt_outcome outcome = evt_wait_suspend(&wait);
     /* op->orphan: another thread closed the IO and took the buffer this transfer was aimed into
      * from it (evt_close_io; freed by now): Ruby must not go on with that buffer. */
     if (outcome == EVT_CLOSED || op->orphan) evt_close_raise();
@@ -246,7 +224,7 @@ route_of(struct evt_loop *loop, struct evt_registration *reg, off_t position, in
     if (!loop->kernel.backend->transfer) return ROUTE_NOW;
     int socket = reg->flags & EVT_REG_SOCKET;
     if (events == EVT_WRITABLE) {
-        if (socket && position < 0 && !may_wait && loop->driven) return ROUTE_RING_NOWAIT;
+        if (socket && position < 0 && !may_wait && loop->selector.driven) return ROUTE_RING_NOWAIT;
         if (!socket && !(reg->exhausted & EVT_WRITABLE)) return ROUTE_NOW;
     }
     if (reg->flags & EVT_REG_FILE) return ROUTE_RING;
@@ -332,7 +310,7 @@ transfer_single(struct transfer *t, size_t offset, size_t max, int may_wait)
     struct evt_registration *reg = t->reg;
     enum route route = route_of(loop, reg, t->position, may_wait, t->events);
     if (route == ROUTE_READ_NOW) {
-        long n = loop->kernel.backend->read_now(loop, t->fd, reg, (reg->flags & EVT_REG_SOCKET) != 0, at, max);
+        long n = loop->kernel.backend->read_now(&loop->kernel, t->fd, &reg->watch, (reg->flags & EVT_REG_SOCKET) != 0, at, max);
         if (n != -EAGAIN) return n;
     }
     if (route != ROUTE_NOW) {
@@ -346,7 +324,7 @@ transfer_single(struct transfer *t, size_t offset, size_t max, int may_wait)
         long result = transfer_by_backend(loop, t->io, t->buffer, &op, &timed_out);
         /* Closed while the kernel had it: the result belongs to no one (the epoll backend raises
          * the same when it looks again after waiting). */
-        if (RB_TYPE_P(t->io, T_FILE)) rb_io_check_closed(RFILE(t->io)->fptr);
+        evt_rubyio_check_closed(t->io);
         if (timed_out) rb_raise(rb_eIOTimeoutError, "Blocking operation timed out!");
         t->waited = 1; /* the IO may have been closed or reopened meanwhile: see transfer_reopen */
         if (result > 0) reg->exhausted &= ~t->events; /* it went through: ready again, as far as we know */
@@ -434,11 +412,7 @@ pwrite_direct(VALUE io, VALUE buffer, off_t position, size_t offset, size_t leng
     /* IO#pwrite (without the GVL) always passes the IO itself; IO::Buffer#pwrite (with the GVL) passes
      * whatever it was given, such as a Tempfile: only then is there something to convert. */
     if (!RB_TYPE_P(io, T_FILE)) io = rb_io_get_io(io);
-    if (!RFILE(io)->fptr) return INT2FIX(-EBADF);
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-    int fd = RFILE(io)->fptr->fd; /* rb_io_descriptor raises, which needs the GVL */
-#pragma GCC diagnostic pop
+    int fd = evt_rubyio_fd(io); /* rb_io_descriptor raises, which needs the GVL */
     if (fd < 0) return INT2FIX(-EBADF);
     const void *base;
     size_t size;
@@ -493,7 +467,9 @@ transfer_minimum_hook(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VA
             const void *base;
             size_t size;
             rb_io_buffer_get_bytes_for_reading(buffer, &base, &size);
-            if (internal_read_buffer(t.io, base) || (!selector && !called_by_read_nonblock())) length = 1;
+            /* io_fillbuf (gets, read, eof?...) tries again after EAGAIN whatever happens, so it
+             * may wait here; read_nonblock and readpartial read into the caller's string. */
+            if (evt_rubyio_is_read_buffer(t.io, base) || (!selector && !called_by_read_nonblock())) length = 1;
         }
     }
     for (;;) {
@@ -596,7 +572,7 @@ evt_io_wait_once(VALUE self, VALUE io, VALUE events_value)
     struct evt_wait wait;
     evt_wait_io(&wait, loop, io, fd, events, -1);
     wait.as.io.ready_now = ready;
-    switch (outcome_on_resume(io, evt_loop_suspend(&wait))) {
+    switch (outcome_on_resume(io, evt_wait_suspend(&wait))) {
     case EVT_IO_READY: return INT2FIX(wait.waiter.ready);
     case EVT_CLOSED: evt_close_raise();
     default: return Qfalse;

@@ -1,26 +1,23 @@
-/* The loop: suspending a fiber, and the run loop that resumes it.
+/* The loop's driver: the turn that resumes the ready fibers, waits in the kernel and fires the
+ * timers, run in the modes its callers need (loop.h). Suspending a fiber is wait.c's, above. The loop
+ * runs on the loop fiber (the blocking fiber that drives the scheduler) and switches with
+ * rb_fiber_transfer only.
  *
- * A fiber suspended in evt is described by one evt_wait on its own stack (nothing is allocated per
- * operation), made by a constructor (evt_wait_io, evt_wait_block...) and run by evt_loop_suspend. Its
- * waiter is in the ready queue, or waits on a descriptor's registration, a timer, an unblock, or
- * several of these at once; waking it takes it out of all of them (waiter.c). The loop runs on the
- * loop fiber (the blocking fiber that drives the scheduler) and switches with rb_fiber_transfer only.
- *
- * One turn of the run loop, each phase one call, in this order (libuv's, for the parts it shares):
+ * One turn, each phase one call, in this order (libuv's, for the parts it shares):
  *
  *   serve_requests   what other threads asked: IOs they closed, fibers to interrupt
  *   resume_ready     the fibers that were ready when the turn began
- *   poll_timeout     how long the kernel may block: 0 with fibers ready or a timer due, else until
- *                    the next timer
+ *   poll_timeout     how long the kernel may block: 0 with fibers ready or requests waiting, else
+ *                    until the next timer
  *   wait_in_kernel   the backend's wait, without the GVL
  *   serve_closes     IOs other threads closed meanwhile: their waiters learn it before any event
  *   dispatch         fired events and completions wake their waiters
  *   check_interrupts signals, Thread#raise and Thread#kill, once the events are safely dispatched
  *   fire_timers      due timers: their waiters time out, a timeout_after raises
  *
- * The four from wait_in_kernel to check_interrupts are collect(), the one step every mode of
- * evt_loop_run shares (a selector's select leaves the interrupts to async). That is a turn of
- * EVT_RUN_DEFAULT and EVT_RUN_UNTIL; EVT_RUN_ONCE and EVT_RUN_ALONE are shorter (see each).
+ * The four from wait_in_kernel to check_interrupts are collect() (a selector's select leaves the
+ * interrupts to async). turn() is the one body every mode of evt_loop_run shares; the modes differ
+ * in how many turns they take and which phases they ask for.
  *
  * A turn that waits for a timer asks the kernel to end the wait a little early, by how late such
  * waits have been ending on average, and spins the rest (at most EVT_SPIN_MAX_NS): see
@@ -31,13 +28,12 @@
  * would time out readers whose data had long arrived).
  */
 #include "core.h"
-#include "registration.h"
 #include "waiter.h"
 #include "object.h"
+#include "requests.h"
 #include "close.h"
 #include "loop.h"
 
-#include <ruby/io/buffer.h>
 #include <ruby/thread.h>
 
 static VALUE eFiberError;
@@ -69,26 +65,6 @@ raise_into(struct evt_loop *loop, VALUE fiber, VALUE exception)
     loop->current = loop->loop_fiber;
 }
 
-/* A fiber left evt without the loop resuming it: some other fiber switched to it (Fiber#raise,
- * Fiber#kill), and that fiber is itself suspended in no queue. When the unwound fiber waits again or
- * ends, control goes to the loop fiber, so the one that switched must wait in the ready queue or it
- * would never run again. Rare: the waiter for it is allocated. */
-static void
-ready_the_switcher(struct evt_loop *loop, VALUE unwound)
-{
-    VALUE switcher = loop->current;
-    loop->current = unwound;
-    if (switcher == unwound || switcher == loop->loop_fiber || NIL_P(switcher)) return;
-    if (st_lookup(loop->unblockable, (st_data_t)switcher, NULL)) return;
-    if (!RTEST(rb_fiber_alive_p(switcher))) return;
-    struct evt_waiter *w = ALLOC(struct evt_waiter);
-    evt_waiter_init(w, switcher);
-    w->allocated = 1;
-    evt_list_append(&loop->allocated, &w->io_link);
-    loop->waiting++;
-    evt_waiter_ready(loop, w);
-}
-
 /* ---- the run loop: its phases, in order ---------------------------------------------------------- */
 
 struct interrupt {
@@ -108,7 +84,7 @@ interrupt_fiber(VALUE ptr)
         /* A stand-in for a fiber (fiber_interrupt): its raise switches to the fiber inside, which the
          * loop cannot name; `current` stays nil meanwhile, so that fiber's unwinding readies no one. */
         interrupt->loop->current = Qnil;
-        rb_funcall(interrupt->fiber, rb_intern("raise"), 1, interrupt->exception);
+        rb_funcall(interrupt->fiber, id_raise, 1, interrupt->exception);
         interrupt->loop->current = interrupt->loop->loop_fiber;
     }
     return Qnil;
@@ -118,7 +94,7 @@ interrupt_fiber(VALUE ptr)
 static int
 interruptible(VALUE fiber)
 {
-    return RTEST(rb_obj_is_fiber(fiber) ? rb_fiber_alive_p(fiber) : rb_funcall(fiber, rb_intern("alive?"), 0));
+    return RTEST(rb_obj_is_fiber(fiber) ? rb_fiber_alive_p(fiber) : rb_funcall(fiber, id_alive_p, 0));
 }
 
 static VALUE
@@ -139,39 +115,40 @@ interrupt_one(VALUE ptr)
     return Qnil;
 }
 
-/* The other threads' requests: the closes (close.c), then, when `interrupts` is set, the fiber
- * interrupts, which switch fibers (not while the backend holds undispatched events: then they are
- * kept for the next turn). */
+/* The other threads' requests (requests.c): the closes first (close.c: the kernel lets go of those
+ * files at once), then, when `interrupts` is set, the fiber interrupts, which switch fibers (not
+ * while the backend holds undispatched events: then they are kept for the next turn). */
 static void
 serve_requests(struct evt_loop *loop, int interrupts)
 {
     if (!loop->requests.pending) return;
-    VALUE rest = evt_close_serve(loop);
-    if (NIL_P(rest)) return;
+    VALUE taken = evt_requests_take(loop);
+    if (NIL_P(taken)) return;
+    long count = RARRAY_LEN(taken);
+    for (long i = 0; i < count; i++) {
+        struct evt_request request = evt_requests_at(taken, i);
+        if (request.kind == EVT_REQUEST_CLOSE) evt_close_heard(loop, request.subject, FIX2INT(request.argument));
+    }
     if (!interrupts) {
-        if (!NIL_P(loop->requests.list)) rb_ary_concat(rest, loop->requests.list);
-        loop->requests.list = rest;
-        loop->requests.pending = 1;
+        evt_requests_keep(loop, taken, EVT_REQUEST_INTERRUPT, 0);
         return;
     }
     VALUE own = Qnil; /* an exception for the loop fiber itself, raised once the rest is done */
-    for (long i = 0; i < RARRAY_LEN(rest); i++) {
-        VALUE request = RARRAY_AREF(rest, i);
-        struct interrupt interrupt = {loop, RARRAY_AREF(request, 0), RARRAY_AREF(request, 1)};
-        if (interrupt.fiber == rb_fiber_current()) {
-            own = interrupt.exception;
+    for (long i = 0; i < count; i++) {
+        struct evt_request request = evt_requests_at(taken, i);
+        if (request.kind != EVT_REQUEST_INTERRUPT) continue;
+        if (request.subject == rb_fiber_current()) {
+            own = request.argument;
             continue;
         }
         /* As timeout_after does: control comes back when that fiber waits again or ends. A stand-in
          * runs code of its own (alive?, raise): if that raises, the interrupts after it wait for the
          * next turn rather than being lost. */
+        struct interrupt interrupt = {loop, request.subject, request.argument};
         int state = 0;
         rb_protect(interrupt_one, (VALUE)&interrupt, &state);
         if (state) {
-            for (long j = i + 1; j < RARRAY_LEN(rest); j++) {
-                VALUE later = RARRAY_AREF(rest, j);
-                evt_close_request(loop, RARRAY_AREF(later, 0), RARRAY_AREF(later, 1));
-            }
+            evt_requests_keep(loop, taken, EVT_REQUEST_INTERRUPT, i + 1);
             rb_jump_tag(state);
         }
     }
@@ -194,9 +171,9 @@ run_pushed(struct evt_loop *loop, struct evt_waiter *w)
     VALUE object = w->fiber;
     w->fiber = Qnil;
     evt_list_remove(&w->io_link);
-    if (loop->spare_count < 64) {
-        evt_list_append(&loop->spare, &w->io_link);
-        loop->spare_count++;
+    if (loop->selector.spare_count < 64) {
+        evt_list_append(&loop->selector.spare, &w->io_link);
+        loop->selector.spare_count++;
     }
     else {
         ruby_xfree(w);
@@ -240,7 +217,7 @@ resume_ready(struct evt_loop *loop, struct evt_waiter *until)
             loop->waiting--;
             if (!RTEST(rb_fiber_alive_p(fiber))) continue; /* ended meanwhile (killed) */
         }
-        if (RB_UNLIKELY(loop->driven && fiber == rb_fiber_current())) continue; /* its own resume's entry */
+        if (RB_UNLIKELY(loop->selector.driven && fiber == rb_fiber_current())) continue; /* its own resume's entry */
         switch_to(loop, fiber);
     }
     return 0;
@@ -284,14 +261,14 @@ wait_out_timer(struct evt_loop *loop, int64_t start, int64_t timeout, int64_t ea
 {
     int64_t deadline = start + timeout;
     int64_t asked_end = deadline - early;
-    int64_t woke = evt_now_ns();
+    int64_t woke = evt_timers_now();
     if (early < timeout && woke >= asked_end) {
         int64_t late = woke - asked_end;
         if (late > EVT_SPIN_MAX_NS) late = EVT_SPIN_MAX_NS;
         loop->kernel.wake_late_ns += (late - loop->kernel.wake_late_ns) / 8;
     }
     if (deadline - woke > EVT_SPIN_MAX_NS) return;
-    while (woke < deadline) woke = evt_now_ns();
+    while (woke < deadline) woke = evt_timers_now();
 }
 
 /* Nanoseconds until the first timer is due (0: due now), or -1: no timer. */
@@ -323,7 +300,7 @@ static void *
 wait_without_gvl(void *ptr)
 {
     struct kernel_wait *wait = ptr;
-    wait->result = wait->loop->kernel.backend->wait(wait->loop, wait->timeout);
+    wait->result = wait->loop->kernel.backend->wait(&wait->loop->kernel, wait->timeout);
     return NULL;
 }
 
@@ -373,7 +350,7 @@ wait_in_kernel(struct evt_loop *loop, int64_t timeout)
 {
     struct kernel_wait wait = {loop, timeout, 0};
     if (timeout == 0) {
-        wait.result = loop->kernel.backend->wait(loop, 0);
+        wait.result = loop->kernel.backend->wait(&loop->kernel, 0);
     }
     else {
         loop->kernel.woken = 0; /* under the GVL, as every evt_loop_wake */
@@ -381,7 +358,7 @@ wait_in_kernel(struct evt_loop *loop, int64_t timeout)
         /* RB_NOGVL_INTR_FAIL: no interrupt check on the way out, where an exception would lose the
          * events just taken from the kernel; check_interrupts comes after dispatch. */
         int state = 0;
-        if (loop->driven) rb_protect((VALUE(*)(VALUE))wait_for_selector_protected, (VALUE)&wait, &state);
+        if (loop->selector.driven) rb_protect((VALUE(*)(VALUE))wait_for_selector_protected, (VALUE)&wait, &state);
         else rb_nogvl(wait_without_gvl, &wait, end_kernel_wait, loop, RB_NOGVL_INTR_FAIL);
         __atomic_store_n(&loop->kernel.blocked, 0, __ATOMIC_SEQ_CST);
         loop->kernel.interrupted = state; /* raised once the events are dispatched (raise_interrupted) */
@@ -397,8 +374,8 @@ raise_interrupted(struct evt_loop *loop)
     int state = loop->kernel.interrupted;
     if (RB_LIKELY(!state)) return;
     loop->kernel.interrupted = 0;
-    while (!evt_list_empty(&loop->dispatched)) {
-        struct evt_list *node = loop->dispatched.next;
+    while (!evt_list_empty(&loop->selector.dispatched)) {
+        struct evt_list *node = loop->selector.dispatched.next;
         evt_list_remove(node);
         evt_list_append(&loop->ready, node);
     }
@@ -414,9 +391,9 @@ dispatch(struct evt_loop *loop, int fired)
     if (fired < 0) rb_syserr_fail_str(-fired, rb_sprintf("evt: waiting on the %s backend", loop->kernel.backend->name));
     for (int i = 0; i < fired; i++) {
         struct evt_fired event = loop->kernel.fired[i];
-        evt_waiter_fired(loop, event.fd, event.generation, event.events);
+        evt_waiter_fired(&loop->kernel, event.fd, event.generation, event.events);
     }
-    if (loop->kernel.backend->complete) loop->kernel.backend->complete(loop);
+    if (loop->kernel.backend->complete) loop->kernel.backend->complete(&loop->kernel);
     if (fired == loop->kernel.fired_capacity && loop->kernel.fired_capacity < EVT_FIRED_MAX) {
         REALLOC_N(loop->kernel.fired, struct evt_fired, loop->kernel.fired_capacity * 2);
         loop->kernel.fired_capacity *= 2;
@@ -434,16 +411,16 @@ check_interrupts(void)
 
 /* Waits in the kernel up to `timeout` ns (0: a look), serves the closes other threads made
  * meanwhile, hands the events to their waiters, then raises what interrupted the wait. In
- * EVT_RUN_ONCE (a selector's select) the woken waiters go to loop->dispatched, for the select to
+ * EVT_RUN_ONCE (a selector's select) the woken waiters go to loop->selector.dispatched, for the select to
  * resume before it returns, and the thread's interrupts stay pending for async, which masks them;
  * every other mode checks them here. Returns what the backend's wait returned. */
 static int
 collect(struct evt_loop *loop, int64_t timeout, struct evt_run *run)
 {
     enum evt_run_mode mode = run->mode;
-    int64_t start = mode == EVT_RUN_ONCE && timeout != 0 ? evt_now_ns() : 0;
+    int64_t start = mode == EVT_RUN_ONCE && timeout != 0 ? evt_timers_now() : 0;
     int fired = wait_in_kernel(loop, timeout);
-    if (start) run->idle_ns = evt_now_ns() - start;
+    if (start) run->idle_ns = evt_timers_now() - start;
     serve_closes(loop);
     if (mode != EVT_RUN_ONCE) {
         dispatch(loop, fired);
@@ -455,9 +432,9 @@ collect(struct evt_loop *loop, int64_t timeout, struct evt_run *run)
         raise_interrupted(loop);
         dispatch(loop, fired); /* raises */
     }
-    loop->dispatching = 1;
+    loop->selector.dispatching = 1;
     dispatch(loop, fired);
-    loop->dispatching = 0;
+    loop->selector.dispatching = 0;
     raise_interrupted(loop);
     return fired;
 }
@@ -470,43 +447,82 @@ static void
 collect_before_timers(struct evt_loop *loop, struct evt_run *run)
 {
     for (int looks = 0; looks < 8; looks++) {
-        if (!evt_loop_timer_due(loop)) return;
+        struct evt_timer *first = evt_timers_first(&loop->timers);
+        if (!first || first->deadline > evt_timers_now()) return; /* no timer due */
         int capacity = loop->kernel.fired_capacity;
         if (collect(loop, 0, run) < capacity) return;
     }
 }
 
-/* ---- the modes ----------------------------------------------------------------------------------- */
+/* ---- the driver: one turn, and the modes ------------------------------------------------------- */
+
+/* Resumes the waiters this select's events woke (loop->selector.dispatched), in order: the number resumed. */
+static int
+resume_dispatched(struct evt_loop *loop)
+{
+    int count = 0;
+    while (!evt_list_empty(&loop->selector.dispatched)) {
+        struct evt_waiter *w = evt_container_of(loop->selector.dispatched.next, struct evt_waiter, ready_link);
+        evt_list_remove(&w->ready_link);
+        loop->ready_count--;
+        w->state = EVT_IDLE;
+        count++;
+        if (w->fiber != rb_fiber_current()) switch_to(loop, w->fiber);
+    }
+    return count;
+}
+
+/* What a turn does besides collecting and firing the timers; each mode asks for its own. */
+enum {
+    TURN_RESUME = 1,     /* first serves the other threads' requests and resumes the ready fibers */
+    TURN_ON_TIME = 2,    /* keeps timers on time: a timed kernel wait ends early and spins the rest
+                            (wait_out_timer), a full array of events is looked past (collect_before_timers) */
+    TURN_DISPATCHED = 4, /* resumes the waiters its events woke before it returns (a select's) */
+};
+/* A turn's timeout to be poll_timeout's, computed once the ready fibers have run. */
+#define TURN_POLL INT64_MIN
+
+/* One turn of the loop, each phase one call, in the order the top of this file gives. Returns 1
+ * when the run is over before the kernel is asked: `until` came up, or (EVT_RUN_DEFAULT) no fiber
+ * waits. */
+static int
+turn(struct evt_loop *loop, struct evt_run *run, int64_t timeout, int phases)
+{
+    if (phases & TURN_RESUME) {
+        serve_requests(loop, 1);
+        run->queued = loop->ready_count;
+        if (resume_ready(loop, run->until)) return 1;
+        if (run->mode == EVT_RUN_DEFAULT && loop->waiting == 0) return 1;
+    }
+    if (!loop->kernel.data) evt_object_open(loop);
+    int64_t now = evt_timers_now(), early = 0;
+    if (timeout == TURN_POLL) timeout = poll_timeout(loop, now);
+    if ((phases & TURN_ON_TIME) && timeout > 0) {
+        evt_timers_tighten_slack(&loop->timers, EVT_TIMER_SLACK_NS);
+        early = timeout < loop->kernel.wake_late_ns ? timeout : loop->kernel.wake_late_ns;
+    }
+    int capacity = loop->kernel.fired_capacity;
+    int fired = collect(loop, timeout - early, run);
+    if (phases & TURN_ON_TIME) {
+        if (timeout > 0 && !loop->ready_count) wait_out_timer(loop, now, timeout, early);
+        if (fired == capacity) collect_before_timers(loop, run);
+    }
+    if (phases & TURN_DISPATCHED) run->woke = resume_dispatched(loop);
+    fire_timers(loop, evt_timers_now());
+    return 0;
+}
 
 struct run {
     struct evt_loop *loop;
     struct evt_run *run;
 };
 
-/* EVT_RUN_DEFAULT and EVT_RUN_UNTIL: whole turns, each phase one call, in this order. */
 static VALUE
 run_turns(VALUE ptr)
 {
-    struct evt_loop *loop = ((struct run *)ptr)->loop;
-    struct evt_run *run = ((struct run *)ptr)->run;
-    for (;;) {
-        serve_requests(loop, 1);
-        if (resume_ready(loop, run->until)) return Qnil;
-        if (run->mode == EVT_RUN_DEFAULT && loop->waiting == 0) return Qnil;
-        if (!loop->kernel.data) evt_object_open(loop);
-
-        int64_t now = evt_now_ns();
-        int64_t timeout = poll_timeout(loop, now), early = 0;
-        if (timeout > 0) {
-            evt_timers_tighten_slack(&loop->timers, EVT_TIMER_SLACK_NS);
-            early = timeout < loop->kernel.wake_late_ns ? timeout : loop->kernel.wake_late_ns;
-        }
-        int capacity = loop->kernel.fired_capacity;
-        int fired = collect(loop, timeout - early, run);
-        if (timeout > 0 && !loop->ready_count) wait_out_timer(loop, now, timeout, early);
-        if (fired == capacity) collect_before_timers(loop, run);
-        fire_timers(loop, evt_now_ns());
-    }
+    struct run *turns = (struct run *)ptr;
+    while (!turn(turns->loop, turns->run, TURN_POLL, TURN_RESUME | TURN_ON_TIME)) continue;
+    return Qnil;
 }
 
 static VALUE
@@ -518,78 +534,37 @@ run_done(VALUE ptr)
     return Qnil;
 }
 
-/* Resumes the waiters this select's events woke (loop->dispatched), in order: the number resumed. */
-static int
-resume_dispatched(struct evt_loop *loop)
-{
-    int count = 0;
-    while (!evt_list_empty(&loop->dispatched)) {
-        struct evt_waiter *w = evt_container_of(loop->dispatched.next, struct evt_waiter, ready_link);
-        evt_list_remove(&w->ready_link);
-        loop->ready_count--;
-        w->state = EVT_IDLE;
-        count++;
-        if (w->fiber != rb_fiber_current()) switch_to(loop, w->fiber);
-    }
-    return count;
-}
-
-/* EVT_RUN_ONCE, a selector's select(timeout): the fibers ready when it starts (what they push waits
- * for the next select), a look at the kernel, and the waiters it woke; only when none of that did
- * anything, one wait up to `timeout` (or the first timer) and the waiters it woke, as io-event's
- * selectors have it. evt's own timers fire after each (IO#timeout on transfers the ring waits for). */
-static int
-run_once(struct evt_loop *loop, struct evt_run *run)
-{
-    int64_t timeout = run->timeout;
-    run->idle_ns = 0;
-    serve_requests(loop, 1);
-    size_t queued = loop->ready_count;
-    resume_ready(loop, NULL);
-    if (!loop->kernel.data) evt_object_open(loop);
-    collect(loop, 0, run);
-    int woke = resume_dispatched(loop);
-    fire_timers(loop, evt_now_ns());
-    if (queued || woke || loop->ready_count || loop->requests.pending || timeout == 0) return woke;
-
-    int64_t until_timer = until_first_timer(loop, evt_now_ns());
-    if (until_timer >= 0 && (timeout < 0 || until_timer < timeout)) timeout = until_timer;
-    collect(loop, timeout, run);
-    woke = resume_dispatched(loop);
-    fire_timers(loop, evt_now_ns());
-    return woke;
-}
-
-/* EVT_RUN_ALONE: a selector's loop fiber waiting itself (a read on the loop fiber, outside select):
- * nothing else may run meanwhile, as without a scheduler, so it blocks in the kernel until its own
- * waiter is woken; the events for other fibers wake them for the next select. */
-static void
-run_alone(struct evt_loop *loop, struct evt_run *run)
-{
-    while (run->until->state == EVT_WAITING) {
-        if (!loop->kernel.data) evt_object_open(loop);
-        collect(loop, until_first_timer(loop, evt_now_ns()), run);
-        fire_timers(loop, evt_now_ns());
-    }
-}
-
 void
 evt_loop_run(struct evt_loop *loop, struct evt_run *run)
 {
     switch (run->mode) {
-    case EVT_RUN_ONCE:
-        run->woke = run_once(loop, run);
-        return;
-    case EVT_RUN_ALONE:
-        run_alone(loop, run);
-        return;
     case EVT_RUN_DEFAULT:
     case EVT_RUN_UNTIL: {
+        /* Whole turns, until no fiber waits or `until` comes up. */
         struct run turns = {loop, run};
         loop->running++;
         rb_ensure(run_turns, (VALUE)&turns, run_done, (VALUE)&turns);
         return;
     }
+    case EVT_RUN_ONCE: {
+        /* A selector's select(timeout): the fibers ready when it starts (what they push waits for the
+         * next select), a look at the kernel, and the waiters it woke; only when none of that did
+         * anything, a wait up to `timeout` (or the first timer) and the waiters it woke, as io-event's
+         * selectors have it. evt's own timers fire after each (IO#timeout on the ring's transfers). */
+        run->idle_ns = 0;
+        turn(loop, run, 0, TURN_RESUME | TURN_DISPATCHED);
+        if (run->queued || run->woke || loop->ready_count || loop->requests.pending || run->timeout == 0) return;
+        int64_t timeout = run->timeout, until_timer = until_first_timer(loop, evt_timers_now());
+        if (until_timer >= 0 && (timeout < 0 || until_timer < timeout)) timeout = until_timer;
+        turn(loop, run, timeout, TURN_DISPATCHED);
+        return;
+    }
+    case EVT_RUN_ALONE:
+        /* A selector's loop fiber waiting itself (a read on the loop fiber, outside select): nothing
+         * else may run meanwhile, as without a scheduler, so it blocks in the kernel until its own
+         * waiter is woken; the events for other fibers wake them for the next select. */
+        while (run->until->state == EVT_WAITING) turn(loop, run, until_first_timer(loop, evt_timers_now()), 0);
+        return;
     }
 }
 
@@ -597,10 +572,10 @@ void
 evt_loop_push(struct evt_loop *loop, VALUE object)
 {
     struct evt_waiter *w;
-    if (loop->spare_count) {
-        w = evt_container_of(loop->spare.next, struct evt_waiter, io_link);
+    if (loop->selector.spare_count) {
+        w = evt_container_of(loop->selector.spare.next, struct evt_waiter, io_link);
         evt_list_remove(&w->io_link);
-        loop->spare_count--;
+        loop->selector.spare_count--;
     }
     else {
         w = ALLOC(struct evt_waiter);
@@ -609,162 +584,6 @@ evt_loop_push(struct evt_loop *loop, VALUE object)
     w->allocated = EVT_HEAP_PUSHED;
     evt_list_append(&loop->allocated, &w->io_link);
     evt_waiter_ready(loop, w);
-}
-
-/* ---- suspending: one way in (the waits are made by the constructors in wait.c) ---------------- */
-
-/* Nothing to watch and no time limit: IO.select sleeps until interrupted; a block until unblock. */
-static void
-make_unblockable(struct evt_loop *loop, struct evt_waiter *w)
-{
-    st_insert(loop->unblockable, (st_data_t)w->fiber, (st_data_t)w);
-    w->unblockable = 1;
-}
-
-static void
-start_select(struct evt_loop *loop, struct evt_wait *wait)
-{
-    struct evt_waiter *w = &wait->waiter;
-    struct evt_selection *selection = wait->as.selection;
-    for (long i = 0; i < selection->count && w->state == EVT_WAITING; i++) {
-        struct evt_waiter *secondary = &selection->waiters[i];
-        evt_waiter_init(secondary, w->fiber);
-        secondary->owner = w;
-        secondary->fd = selection->fds[i];
-        secondary->events = selection->events[i];
-        evt_waiter_attach(loop, secondary, selection->ios[i]);
-    }
-    if (selection->count == 0 && wait->timeout < 0) make_unblockable(loop, w);
-}
-
-static void
-start_op(struct evt_loop *loop, struct evt_wait *wait)
-{
-    struct evt_waiter *w = &wait->waiter;
-    struct evt_op *op = wait->as.op.op;
-    void *base;
-    size_t size;
-    if (!NIL_P(wait->as.op.buffer) && !(rb_io_buffer_get_bytes(wait->as.op.buffer, &base, &size) & RB_IO_BUFFER_LOCKED)) {
-        rb_io_buffer_lock(wait->as.op.buffer); /* no resize or free while the kernel holds it */
-        wait->as.op.locked = 1;
-    }
-    op->waiter = w;
-    w->op = op;
-    /* In no other structure: the list keeps the fiber (and its stack, which the kernel may be
-     * writing to) alive for the GC. A transfer hangs on its descriptor's registration, wanting no
-     * event, where closing the IO finds it; a waitid or close on the loop's list. */
-    if (op->kind == EVT_OP_TRANSFER && !NIL_P(w->io)) {
-        w->fd = op->fd;
-        struct evt_registration *reg = evt_registration_get(loop, w->fd, w->io);
-        if (RB_UNLIKELY(reg->closing == w->io)) {
-            evt_waiter_wake(loop, w, EVT_CLOSED, 0); /* never submitted */
-            return;
-        }
-        evt_list_append(&reg->waiters, &w->io_link);
-    }
-    else {
-        evt_list_append(&loop->operations, &w->io_link);
-    }
-    const struct evt_backend *backend = loop->kernel.backend;
-    int err = op->kind == EVT_OP_WAITID ? backend->wait_exit(loop, op) : backend->transfer(loop, op);
-    if (err < 0) evt_waiter_done(loop, op, err);
-    else if (op->pending) loop->kernel.ops++;
-}
-
-static VALUE
-wait_body(VALUE ptr)
-{
-    struct evt_wait *wait = (struct evt_wait *)ptr;
-    struct evt_loop *loop = wait->loop;
-    struct evt_waiter *w = &wait->waiter;
-
-    w->state = EVT_WAITING;
-    loop->waiting++;
-    int unblocked = RB_UNLIKELY(loop->early_unblock == w->fiber);
-    if (unblocked) loop->early_unblock = Qnil; /* for this wait if it is a block, else for none */
-    if (wait->timeout >= 0) evt_timers_add(&loop->timers, &w->timer, evt_now_ns() + wait->timeout);
-
-    switch (wait->kind) {
-    case EVT_WAIT_IO:
-        if (wait->as.io.ready_now) evt_waiter_wake(loop, w, EVT_IO_READY, wait->as.io.ready_now);
-        else evt_waiter_attach(loop, w, w->io);
-        break;
-    case EVT_WAIT_SELECT:
-        start_select(loop, wait);
-        break;
-    case EVT_WAIT_BLOCK:
-        make_unblockable(loop, w);
-        if (unblocked) evt_waiter_wake(loop, w, EVT_UNBLOCKED, 0);
-        break;
-    case EVT_WAIT_OP:
-        start_op(loop, wait);
-        break;
-    case EVT_WAIT_YIELD:
-        evt_waiter_wake(loop, w, EVT_INTERRUPTED, 0); /* straight to the ready queue */
-        break;
-    case EVT_WAIT_START:
-        w->outcome = EVT_INTERRUPTED;
-        evt_waiter_ready_first(loop, w); /* resumed as soon as the new fiber waits */
-        break;
-    }
-
-    if (wait->kind == EVT_WAIT_START) {
-        if (!loop->driven) loop->current = Qnil; /* until the new fiber says it runs */
-        if (wait->as.start.raise) wait->as.start.value = rb_funcallv_kw(wait->as.start.target, id_raise, wait->as.start.argc, wait->as.start.argv, wait->as.start.kw_splat);
-        else wait->as.start.value = rb_fiber_transfer(wait->as.start.target, wait->as.start.argc, wait->as.start.argv);
-    }
-    else if (w->fiber == loop->loop_fiber) {
-        /* The loop fiber waits by running the loop, or (a selector's) alone: a yield is ready at once. */
-        struct evt_run run = {.mode = loop->driven ? EVT_RUN_ALONE : EVT_RUN_UNTIL, .until = w, .timeout = -1};
-        evt_loop_run(loop, &run);
-    }
-    else rb_fiber_transfer(loop->loop_fiber, 0, NULL);
-    return Qnil;
-}
-
-static VALUE
-wait_ensure(VALUE ptr)
-{
-    struct evt_wait *wait = (struct evt_wait *)ptr;
-    struct evt_loop *loop = wait->loop;
-    struct evt_waiter *w = &wait->waiter;
-    if (wait->forks != loop->forks) return Qnil; /* resumed in a child: the loop no longer knows it */
-    if (wait->kind == EVT_WAIT_OP) {
-        /* Left early (a timeout, Fiber#raise, kill): the kernel must be done with the buffer before
-         * this frame and the buffer go. */
-        if (wait->as.op.op->pending) loop->kernel.backend->cancel(loop, wait->as.op.op);
-        if (wait->as.op.locked) rb_io_buffer_unlock(wait->as.op.buffer);
-        if (wait->as.op.op->orphan) evt_close_orphan_release(wait->as.op.op->orphan);
-    }
-    if (RB_UNLIKELY(wait->epoch != loop->epoch)) return Qnil; /* forgotten: a selector closed under it */
-    if (wait->kind == EVT_WAIT_SELECT) {
-        for (long i = 0; i < wait->as.selection->count; i++) {
-            struct evt_waiter *secondary = &wait->as.selection->waiters[i];
-            if (secondary->owner && evt_list_linked(&secondary->io_link)) {
-                evt_list_remove(&secondary->io_link);
-                evt_registration_leave(loop, secondary);
-            }
-        }
-    }
-    if (w->state != EVT_IDLE) {
-        /* Resumed by something other than the loop: Fiber#raise or Fiber#kill from another fiber. */
-        if (w->state == EVT_READY) {
-            evt_list_remove(&w->ready_link);
-            loop->ready_count--;
-        }
-        if (w->fiber != loop->loop_fiber && !loop->driven) ready_the_switcher(loop, w->fiber);
-    }
-    evt_waiter_detach(loop, w);
-    w->state = EVT_IDLE;
-    loop->waiting--;
-    return Qnil;
-}
-
-enum evt_outcome
-evt_loop_suspend(struct evt_wait *wait)
-{
-    rb_ensure(wait_body, (VALUE)wait, wait_ensure, (VALUE)wait);
-    return (enum evt_outcome)wait->waiter.outcome;
 }
 
 void

@@ -1,4 +1,4 @@
-/* The run loop and suspension (loop.c). */
+/* The loop's driver (loop.c). */
 #ifndef EVT_LOOP_H
 #define EVT_LOOP_H
 
@@ -18,6 +18,7 @@ struct evt_run {
     enum evt_run_mode mode;
     struct evt_waiter *until; /* EVT_RUN_UNTIL, EVT_RUN_ALONE: the waiter to run until */
     int64_t timeout;          /* EVT_RUN_ONCE: the longest wait, in ns (-1: no limit) */
+    size_t queued;            /* out: the fibers ready when its last turn began */
     int woke;                 /* EVT_RUN_ONCE, out: the waiters its events woke */
     int64_t idle_ns;          /* EVT_RUN_ONCE, out: the time it spent blocked in the kernel */
 };
@@ -28,8 +29,6 @@ void evt_loop_run(struct evt_loop *loop, struct evt_run *run);
 /* A push (a selector's): `object` (a Fiber, or anything answering alive? and transfer) runs on a later
  * select. From any thread holding the GVL. */
 void evt_loop_push(struct evt_loop *loop, VALUE object);
-/* Suspends the current fiber on `wait`, the one way into the loop from a hook: what ended it. */
-enum evt_outcome evt_loop_suspend(struct evt_wait *wait);
 void evt_loop_init(void);
 
 #endif

@@ -161,7 +161,7 @@ evt_object_each_waiter(struct evt_loop *loop, int (*visit)(struct evt_waiter *, 
         if (visit((w), arg)) return 1;                                                             \
     } while (0)
     EACH_WAITER(&loop->ready, ready_link, w) VISIT(w);
-    EACH_WAITER(&loop->dispatched, ready_link, w) VISIT(w);
+    EACH_WAITER(&loop->selector.dispatched, ready_link, w) VISIT(w);
     EACH_WAITER(&loop->operations, io_link, w) VISIT(w);
     for (size_t i = 0; i < loop->timers.size; i++) {
         struct evt_timer *timer = loop->timers.heap[i];
@@ -214,7 +214,7 @@ loop_mark(void *ptr)
         struct evt_registration *reg = loop->registrations[fd];
         if (!reg) continue;
         if (!NIL_P(reg->closing)) {
-            if (evt_io_closed(reg->closing)) reg->closing = Qnil; /* Ruby's own checks see it now */
+            if (evt_rubyio_closed(reg->closing)) reg->closing = Qnil; /* Ruby's own checks see it now */
             else rb_gc_mark_movable(reg->closing);
         }
         if (evt_list_empty(&reg->waiters)) {
@@ -267,8 +267,8 @@ evt_object_close_backend(struct evt_loop *loop)
      * reaped first (its fiber wakes), so nothing is written into its memory afterwards. Not in a
      * forked child, where they are the parent's, in the parent's memory. */
     struct evt_op *op;
-    while (loop->kernel.ops && loop->forks == evt_object_forks && (op = pending_op(loop))) loop->kernel.backend->cancel(loop, op);
-    loop->kernel.backend->close(loop);
+    while (loop->kernel.ops && loop->forks == evt_object_forks && (op = pending_op(loop))) loop->kernel.backend->cancel(&loop->kernel, op);
+    loop->kernel.backend->close(&loop->kernel);
     loop->kernel.data = NULL;
     evt_timers_restore_slack(&loop->timers);
     evt_wakeup_close(&loop->kernel.wakeup);
@@ -277,7 +277,7 @@ evt_object_close_backend(struct evt_loop *loop)
         struct evt_registration *reg = loop->registrations[fd];
         if (!reg) continue;
         reg->armed = 0;
-        evt_backend_slot_clear(&reg->slot);
+        evt_backend_slot_clear(&reg->watch.slot);
     }
 }
 
@@ -300,7 +300,7 @@ loop_release(struct evt_loop *loop)
     evt_object_close_backend(loop);
     /* Only the heap waiters: the others live on fiber stacks that may already be gone. */
     EACH_WAITER(&loop->allocated, io_link, w) ruby_xfree(w);
-    EACH_WAITER(&loop->spare, io_link, w) ruby_xfree(w);
+    EACH_WAITER(&loop->selector.spare, io_link, w) ruby_xfree(w);
     for (int fd = 0; fd < loop->registrations_size; fd++) ruby_xfree(loop->registrations[fd]);
     ruby_xfree(loop->registrations);
     evt_timers_free(&loop->timers);
@@ -373,9 +373,9 @@ evt_object_alloc(VALUE klass)
     evt_list_append(&evt_loops, &loop->listing.link);
     loops_leave();
     evt_list_init(&loop->ready);
-    evt_list_init(&loop->dispatched);
+    evt_list_init(&loop->selector.dispatched);
     loop->first_budget = EVT_FIRST_MIN;
-    evt_list_init(&loop->spare);
+    evt_list_init(&loop->selector.spare);
     evt_list_init(&loop->allocated);
     evt_list_init(&loop->operations);
     evt_timers_init(&loop->timers);
@@ -391,13 +391,13 @@ void
 evt_object_open(struct evt_loop *loop)
 {
     int err = evt_wakeup_open(&loop->kernel.wakeup);
-    if (err == 0 && (err = loop->kernel.backend->open(loop)) < 0) evt_wakeup_close(&loop->kernel.wakeup);
+    if (err == 0 && (err = loop->kernel.backend->open(&loop->kernel)) < 0) evt_wakeup_close(&loop->kernel.wakeup);
     if (err < 0) rb_syserr_fail_str(-err, rb_sprintf("evt: opening the %s backend", loop->kernel.backend->name));
     loop->forks = evt_object_forks;
     /* After a close with fibers still waiting, the new kernel objects must watch for them too. */
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
-        if (reg && reg->events) evt_registration_arm(loop, fd, reg);
+        if (reg && reg->watch.events) evt_registration_arm(loop, fd, reg);
     }
 }
 
@@ -412,10 +412,10 @@ evt_object_forget(struct evt_loop *loop)
     evt_list_init(&loop->allocated);
     evt_list_init(&loop->operations);
     evt_list_init(&loop->ready);
-    evt_list_init(&loop->dispatched);
+    evt_list_init(&loop->selector.dispatched);
     loop->first_budget = EVT_FIRST_MIN;
     loop->ready_count = 0;
-    loop->dispatching = 0;
+    loop->selector.dispatching = 0;
     evt_timers_clear(&loop->timers);
     st_clear(loop->unblockable);
     loop->early_unblock = Qnil;
@@ -425,7 +425,7 @@ evt_object_forget(struct evt_loop *loop)
         evt_list_init(&reg->waiters);
         reg->io = Qnil;
         reg->closing = Qnil;
-        reg->events = 0;
+        reg->watch.events = 0;
         reg->counts[0] = reg->counts[1] = reg->counts[2] = 0;
     }
     loop->waiting = 0;
@@ -450,7 +450,7 @@ loop_after_fork(struct evt_loop *loop)
     loop->loop_fiber = loop->current = rb_fiber_current();
     loop->thread = rb_thread_current();
     loop->forks = evt_object_forks;
-    if (loop->driven) loop->finished = 1; /* driven by its loop fiber's loop, which the child has not */
+    if (loop->selector.driven) loop->finished = 1; /* driven by its loop fiber's loop, which the child has not */
 }
 
 /* The loop, after any fork; the kernel objects may still be closed. */
@@ -471,7 +471,7 @@ evt_object_owned(VALUE self)
     struct evt_loop *loop = evt_object_check(self);
     VALUE thread = rb_thread_current();
     if (RB_UNLIKELY(thread != loop->thread)) {
-        if (loop->driven) rb_raise(rb_eThreadError, "evt: this selector belongs to another thread (its loop fiber's)");
+        if (loop->selector.driven) rb_raise(rb_eThreadError, "evt: this selector belongs to another thread (its loop fiber's)");
         if (loop->waiting || loop->running)
             rb_raise(rb_eThreadError, "evt: this scheduler belongs to another thread, where fibers wait in it");
         loop->thread = thread;

@@ -28,17 +28,17 @@ evt_registration_get(struct evt_loop *loop, int fd, VALUE io)
         reg->io = Qnil;
         reg->closing = Qnil;
         evt_list_init(&reg->waiters);
-        reg->generation = next_generation(loop);
-        reg->events = reg->armed = reg->flags = reg->exhausted = 0;
+        reg->watch.generation = next_generation(loop);
+        reg->watch.events = reg->armed = reg->flags = reg->exhausted = 0;
         reg->counts[0] = reg->counts[1] = reg->counts[2] = 0;
-        evt_backend_slot_clear(&reg->slot);
+        evt_backend_slot_clear(&reg->watch.slot);
         loop->registrations[fd] = reg;
     }
     if (reg->io != io) {
         /* Another IO on this number (or one forgotten at GC): what the kernel and we knew was for
          * the old one. Waiters of another IO sharing the descriptor stay. */
         reg->io = io;
-        reg->generation = next_generation(loop);
+        reg->watch.generation = next_generation(loop);
         reg->armed = 0;
         reg->flags = 0;
         reg->exhausted = 0;
@@ -63,7 +63,7 @@ registration_count(struct evt_registration *reg, int events, int delta)
 int
 evt_registration_arm(struct evt_loop *loop, int fd, struct evt_registration *reg)
 {
-    int err = loop->kernel.backend->arm(loop, fd, reg);
+    int err = loop->kernel.backend->arm(&loop->kernel, fd, &reg->watch);
     reg->armed = err == 0;
     return err;
 }
@@ -73,11 +73,11 @@ evt_registration_arm(struct evt_loop *loop, int fd, struct evt_registration *reg
 int
 evt_registration_join(struct evt_loop *loop, int fd, struct evt_registration *reg, int events)
 {
-    int previous = reg->events;
-    reg->events = registration_count(reg, events, 1);
-    if (reg->events == previous && reg->armed) return 0;
+    int previous = reg->watch.events;
+    reg->watch.events = registration_count(reg, events, 1);
+    if (reg->watch.events == previous && reg->armed) return 0;
     int err = evt_registration_arm(loop, fd, reg);
-    if (err < 0) reg->events = registration_count(reg, events, -1);
+    if (err < 0) reg->watch.events = registration_count(reg, events, -1);
     return err;
 }
 
@@ -87,9 +87,9 @@ evt_registration_leave(struct evt_loop *loop, struct evt_waiter *w)
 {
     struct evt_registration *reg = loop->registrations[w->fd];
     int events = registration_count(reg, w->events, -1);
-    if (events == reg->events) return;
-    reg->events = events;
+    if (events == reg->watch.events) return;
+    reg->watch.events = events;
     if (events) evt_registration_arm(loop, w->fd, reg); /* fewer events than before: cannot fail usefully */
-    else loop->kernel.backend->disarm(loop, w->fd, reg);
+    else loop->kernel.backend->disarm(&loop->kernel, w->fd, &reg->watch);
 }
 

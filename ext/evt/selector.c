@@ -19,9 +19,9 @@
  * YARD documents Evt::Selector from this file (.yardopts): each public method's comment below is a
  * `call-seq:` block, in Markdown, with YARD tags where they help. */
 #include "core.h"
-#include "wait.h"
 #include "object.h"
 #include "loop.h"
+#include "wait.h"
 #include "io.h"
 #include "selector.h"
 
@@ -115,7 +115,7 @@ selector_attach(VALUE self, VALUE loop_value, VALUE loop_fiber)
     if (!rb_obj_is_fiber(loop_fiber))
         rb_raise(rb_eTypeError, "evt: a selector's loop must be a Fiber, not %" PRIsVALUE, rb_obj_class(loop_fiber));
     struct evt_loop *loop = evt_object_of(loop_value);
-    loop->driven = 1;
+    loop->selector.driven = 1;
     loop->loop_fiber = loop->current = loop_fiber;
     RB_OBJ_WRITE(self, &s->loop, loop_value);
     return self;
@@ -162,7 +162,7 @@ selector_yield(VALUE self)
     struct evt_loop *loop = evt_object_get(selector_open(self));
     struct evt_wait wait;
     evt_wait_yield(&wait, loop);
-    evt_loop_suspend(&wait);
+    evt_wait_suspend(&wait);
     return Qnil;
 }
 
@@ -177,7 +177,7 @@ start(int argc, VALUE *argv, VALUE self, int raise)
     wait.as.start.argv = argv + 1;
     wait.as.start.raise = raise;
     wait.as.start.kw_splat = rb_keyword_given_p() ? RB_PASS_KEYWORDS : RB_NO_KEYWORDS;
-    evt_loop_suspend(&wait);
+    evt_wait_suspend(&wait);
     return wait.as.start.value;
 }
 
@@ -285,7 +285,7 @@ selector_idle_duration(VALUE self)
 static VALUE
 selector_wakeup(VALUE self)
 {
-    return evt_loop_wake(evt_object_of(loop_object(self))) ? Qtrue : Qfalse;
+    return evt_core_wake(evt_object_of(loop_object(self))) ? Qtrue : Qfalse;
 }
 
 /*

@@ -39,23 +39,6 @@
  * defined here, reopened by lib/evt/scheduler.rb. */
 static VALUE mScheduling = Qnil;
 
-/* Whether Ruby's own write of these strings would be one writev(2) without conversion, and may
- * go now: a synchronous IO with nothing buffered, in binary or no encoding, no decorator, and no
- * other write holding its lock. */
-static int
-writes_as_is(VALUE io, rb_io_t *fptr)
-{
-    if (!(rb_io_mode(io) & FMODE_SYNC)) return 0;
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's fields, public in 3.3 and 3.4 */
-    if (fptr->wbuf.len) return 0;
-    if (fptr->encs.enc && fptr->encs.enc != rb_ascii8bit_encoding()) return 0;
-    if (fptr->encs.ecflags & (ECONV_DECORATOR_MASK | ECONV_STATEFUL_DECORATOR_MASK)) return 0;
-    /* A write lock held: another fiber's write is under way (waiting); it goes first. */
-    return NIL_P(fptr->write_lock) || !RTEST(rb_mutex_locked_p(fptr->write_lock));
-#pragma GCC diagnostic pop
-}
-
 /*
  * write(*objects) -> Integer
  *
@@ -74,7 +57,7 @@ socket_write(int argc, VALUE *argv, VALUE self)
     rb_io_t *fptr;
     RB_IO_POINTER(self, fptr);
     rb_io_check_writable(fptr);
-    if (!writes_as_is(self, fptr)) return rb_call_super(argc, argv);
+    if (!evt_rubyio_writes_as_is(self)) return rb_call_super(argc, argv);
     rb_thread_check_ints(); /* as Ruby's write: nothing is written with an interrupt pending */
 
     struct iovec iov[SOCKET_WRITE_MAX];

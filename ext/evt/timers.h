@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <time.h>
 
 #define EVT_TIMER_INACTIVE ((size_t)-1)
 
@@ -39,6 +40,15 @@ void evt_timers_remove(struct evt_timers *timers, struct evt_timer *timer);
  * loop freed by the GC, or moving to a new thread), whose slack it is not. */
 void evt_timers_tighten_slack(struct evt_timers *timers, int ns);
 void evt_timers_restore_slack(struct evt_timers *timers);
+
+/* The monotonic clock, in nanoseconds: the timers' deadlines are on it. */
+static inline int64_t
+evt_timers_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static inline void
 evt_timer_init(struct evt_timer *timer, int kind)

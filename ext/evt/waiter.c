@@ -45,7 +45,7 @@ void
 evt_waiter_ready(struct evt_loop *loop, struct evt_waiter *w)
 {
     w->state = EVT_READY;
-    evt_list_append(RB_UNLIKELY(loop->dispatching) ? &loop->dispatched : &loop->ready, &w->ready_link);
+    evt_list_append(RB_UNLIKELY(loop->selector.dispatching) ? &loop->selector.dispatched : &loop->ready, &w->ready_link);
     loop->ready_count++;
 }
 
@@ -60,7 +60,7 @@ void
 evt_waiter_ready_first(struct evt_loop *loop, struct evt_waiter *w)
 {
     w->state = EVT_READY;
-    if (RB_UNLIKELY(loop->dispatching)) evt_list_append(&loop->dispatched, &w->ready_link);
+    if (RB_UNLIKELY(loop->selector.dispatching)) evt_list_append(&loop->selector.dispatched, &w->ready_link);
     else if (loop->first_budget) {
         loop->first_budget--;
         loop->first_pending++;
@@ -83,11 +83,12 @@ evt_waiter_wake(struct evt_loop *loop, struct evt_waiter *w, enum evt_outcome ou
 /* A backend's report: `events` fired on fd, registered as `generation`. A one-shot backend's watch
  * ended with it: armed again for the waiters that remain. */
 void
-evt_waiter_fired(struct evt_loop *loop, int fd, uint32_t generation, int events)
+evt_waiter_fired(struct evt_kernel *kernel, int fd, uint32_t generation, int events)
 {
+    struct evt_loop *loop = evt_container_of(kernel, struct evt_loop, kernel);
     if (fd < 0 || fd >= loop->registrations_size) return;
     struct evt_registration *reg = loop->registrations[fd];
-    if (!reg || reg->generation != generation) return; /* an older file that had this number */
+    if (!reg || reg->watch.generation != generation) return; /* an older file that had this number */
     reg->exhausted &= ~events;
     EACH_WAITER(&reg->waiters, io_link, w) {
         int ready = w->events & events;
@@ -102,15 +103,16 @@ evt_waiter_fired(struct evt_loop *loop, int fd, uint32_t generation, int events)
             evt_waiter_wake(loop, w, EVT_IO_READY, ready);
         }
     }
-    if (loop->kernel.backend->oneshot && reg->events) evt_registration_arm(loop, fd, reg);
+    if (loop->kernel.backend->oneshot && reg->watch.events) evt_registration_arm(loop, fd, reg);
 }
 
 /* A completion backend's report: `op` is done, with `result`. */
 void
-evt_waiter_done(struct evt_loop *loop, struct evt_op *op, long result)
+evt_waiter_done(struct evt_kernel *kernel, struct evt_op *op, long result)
 {
+    struct evt_loop *loop = evt_container_of(kernel, struct evt_loop, kernel);
     op->result = result;
-    if (op->pending) loop->kernel.ops--;
+    if (op->pending) kernel->ops--;
     op->pending = 0;
     evt_waiter_wake(loop, op->waiter, EVT_DONE, 0); /* nothing when its fiber is already on its way out */
 }

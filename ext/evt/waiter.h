@@ -4,6 +4,25 @@
 
 #include "registration.h"
 
+static inline void
+evt_waiter_init(struct evt_waiter *w, VALUE fiber)
+{
+    w->fiber = fiber;
+    w->io = Qnil;
+    w->op = NULL;
+    evt_list_init(&w->ready_link);
+    evt_list_init(&w->io_link);
+    evt_timer_init(&w->timer, EVT_TIMER_WAITER);
+    w->owner = NULL;
+    w->fd = -1;
+    w->events = 0;
+    w->ready = 0;
+    w->outcome = EVT_INTERRUPTED;
+    w->state = EVT_IDLE;
+    w->unblockable = 0;
+    w->allocated = 0;
+}
+
 void evt_waiter_attach(struct evt_loop *loop, struct evt_waiter *w, VALUE io);
 /* Takes the waiter out of everything it waits on (not out of the ready queue). */
 void evt_waiter_detach(struct evt_loop *loop, struct evt_waiter *w);
@@ -12,10 +31,6 @@ void evt_waiter_ready_first(struct evt_loop *loop, struct evt_waiter *w);
 /* Wakes a waiting waiter with `outcome` (and, for EVT_IO_READY, the events that arrived). */
 void evt_waiter_wake(struct evt_loop *loop, struct evt_waiter *w, enum evt_outcome outcome, int ready);
 
-/* What backends report (backend.h): */
-/* `events` (EVT_* bits, by evt_events_from_poll) fired on fd, registered as `generation`. */
-void evt_waiter_fired(struct evt_loop *loop, int fd, uint32_t generation, int events);
-/* A transfer the backend does (struct evt_op) completed with `result`. */
-void evt_waiter_done(struct evt_loop *loop, struct evt_op *op, long result);
+/* The backends' reports, evt_waiter_fired and evt_waiter_done, are declared in backend.h. */
 
 #endif

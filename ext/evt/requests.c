@@ -1,0 +1,46 @@
+/* Requests from other threads: a queue on the loop (loop->requests, a Ruby Array the GC sees
+ * through the loop), each request an Array [kind, subject, argument]. Made rarely (another thread's
+ * IO#close of an IO this loop's fibers wait on, Ruby 4.0's fiber_interrupt), so allocating is fine. */
+#include "core.h"
+#include "requests.h"
+
+void
+evt_requests_push(struct evt_loop *loop, const struct evt_request *request)
+{
+    if (NIL_P(loop->requests.list)) loop->requests.list = rb_ary_new();
+    rb_ary_push(loop->requests.list, rb_ary_new_from_args(3, INT2FIX(request->kind), request->subject, request->argument));
+    loop->requests.pending = 1;
+    evt_core_wake(loop);
+}
+
+VALUE
+evt_requests_take(struct evt_loop *loop)
+{
+    VALUE taken = loop->requests.list;
+    loop->requests.list = Qnil;
+    loop->requests.pending = 0;
+    return taken;
+}
+
+struct evt_request
+evt_requests_at(VALUE taken, long index)
+{
+    VALUE request = RARRAY_AREF(taken, index);
+    return (struct evt_request){
+        .kind = (enum evt_request_kind)FIX2INT(RARRAY_AREF(request, 0)),
+        .subject = RARRAY_AREF(request, 1),
+        .argument = RARRAY_AREF(request, 2),
+    };
+}
+
+void
+evt_requests_keep(struct evt_loop *loop, VALUE taken, enum evt_request_kind kind, long index)
+{
+    VALUE kept = rb_ary_new();
+    for (long i = index; i < RARRAY_LEN(taken); i++)
+        if (evt_requests_at(taken, i).kind == kind) rb_ary_push(kept, RARRAY_AREF(taken, i));
+    if (RARRAY_LEN(kept) == 0) return;
+    if (!NIL_P(loop->requests.list)) rb_ary_concat(kept, loop->requests.list);
+    loop->requests.list = kept;
+    loop->requests.pending = 1;
+}
