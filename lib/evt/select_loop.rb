@@ -1,54 +1,33 @@
 # frozen_string_literal: true
 
 require "rbconfig"
-
 begin
   require "io/nonblock"
 rescue LoadError
   nil # no IO#nonblock? here: every descriptor counts as non-blocking
 end
 begin
-  require "fcntl" # now: loading it in IO#close_read would read files through the scheduler
+  require "fcntl" # now: loading it inside IO#close_read would read files through the scheduler
 rescue LoadError
-  nil # no fcntl here: IO#close_read and #close_write guess (see SelectLoop.closes_for?)
+  nil
 end
 
 module Evt
-  # The `select` backend: the whole event loop in pure Ruby on IO.select, for platforms where the C
-  # extension cannot be built or loaded (no compiler, JRuby, TruffleRuby, Windows), and on request
-  # (`backend: :select`, {SelectScheduler}) everywhere else. Loaded only then: `require "evt"` with
-  # the extension does not load it. The schedulers sit on it as {Scheduler} sits on the C loop,
-  # sharing the hooks written in Ruby ({Scheduling}).
+  # The pure-Ruby loop, over IO.select: evt where the C extension cannot be built or loaded, and on
+  # request ({SelectScheduler}). Loaded only when used.
   #
-  # It follows the C core's files (lib/evt/select_loop/*.rb, each named after its C counterpart),
-  # with Ruby objects where the C core has structs: a {Waiter} per suspension, a {Timers} heap, a
-  # hash of the IOs waited on, a self-pipe for wakeups from other threads. One loop iteration: serve
-  # the other threads' requests, resume the ready fibers, wait in IO.select (without the GVL) for
-  # every watched IO and the wakeup pipe, mark the waiters whose IOs are ready, fire the due timers.
-  # The behaviour both loops share is pinned by the same tests (every test runs on both), not by
-  # mirroring: what this loop does not offer is in the README's "Backends".
-  #
-  # io_read and io_write are here too: without them Ruby 3.4 waits for a descriptor inside its own
-  # blocking region (io.c's nogvl_wait_for calls io_wait there), where an IO#close from another
-  # fiber of the thread finds the waiter registered and breaks. io_pread and io_pwrite only from
-  # Ruby 4.0, which calls io_pwrite with the GVL (ruby/ruby#15428): 3.3 and 3.4 call it without, where
-  # no Ruby code may run (positioned transfers are on files, which never wait, and Ruby does them
-  # itself there). As in ext/evt/io.c, every transfer is one primitive
-  # (#transfer_single), under both conventions of the hooks: Ruby 3.3 to 4.0's (at least `length`
-  # bytes) and Ruby 4.1's (one transfer, or -EAGAIN); io_read and io_write are this Ruby's, and the
-  # private *_minimum and *_single methods, io_pread and io_pwrite's too, reach both on any Ruby.
-  # Processes are waited for on a thread. Every wait allocates a few objects.
-  #
-  # Its public methods are those of {Evt::Loop}, with the same contracts: the hooks Ruby calls, and
-  # what code driving a scheduler calls ({#run}, {#wakeup}, {#backend}...).
+  # A fallback, not a copy of the C core: every hook gives the results and errors it gives there,
+  # with Ruby's semantics (a scheduled fiber runs at once until it waits, and the fiber that
+  # scheduled it goes on first), but the scheduling policy (a turn's order, fairness budgets,
+  # batching) is the C core's alone; the README says what this loop does not promise. A suspended
+  # fiber leaves a {Waiter} in the ready queue, on the IOs it watches, on a timer, or where #unblock
+  # finds it. A turn: the other threads' requests, the ready fibers, IO.select on the watched IOs and
+  # a wakeup pipe, the due timers.
   class SelectLoop
     # The one backend of this loop.
     # @api private
     BACKENDS = [:select].freeze
-
-    # This Ruby's scheduler interface (RUBY_FIBER_SCHEDULER_VERSION, which the C loop binds at compile
-    # time and Ruby code cannot see): from the header Ruby installed, where there is one; else 4 from
-    # Ruby 4.1, the first with interface 4 (a 4.1 development build may still have 3).
+    # This Ruby's scheduler interface (RUBY_FIBER_SCHEDULER_VERSION), read from its header.
     # @api private
     INTERFACE = begin
       header = File.join(RbConfig::CONFIG["rubyhdrdir"], "ruby", "fiber", "scheduler.h")
@@ -59,60 +38,684 @@ module Evt
     # The events io_wait knows; others are dropped.
     # @api private
     EVENTS = IO::READABLE | IO::PRIORITY | IO::WRITABLE
-    # The longest timeout, in nanoseconds (73 years): longer ones are this one, as in C.
+    # The longest timeout, in nanoseconds (73 years).
     # @api private
     FOREVER = 2**61
 
-    # What a finished wait reports besides events (> 0) and "unblocked" (1), as in loop.h: resumed
-    # for nothing (woken without its events, or yielding).
+    # One suspension of one fiber. `state`: :waiting, :ready or :done; `result`: how it ended (the
+    # events that came, :unblocked, :timed_out, :closed, or nil); `watches`: [io, events] pairs;
+    # `switcher`: made by the loop for a fiber that switched away (#ready_the_switcher).
     # @api private
-    SPURIOUS = 0
-    # A finished wait's report: its time ran out.
+    Waiter = Struct.new(:fiber, :state, :result, :watches, :timer, :unblockable, :switcher)
+    # A timeout_after in progress.
     # @api private
-    TIMED_OUT = -1
-    # A finished wait's report: its IO was closed under it.
+    Timeout = Struct.new(:fiber, :exception)
+
+    # Fires `target` (a {Waiter} or a {Timeout}) at `deadline`, in monotonic nanoseconds; in
+    # @timers, an Array sorted by deadline, then by `sequence` (the order they were added).
     # @api private
-    CLOSED = -2
-    # Starters that may go to the head of the ready queue in a turn, at the least (EVT_FIRST_MIN).
-    # @api private
-    FIRST_MIN = 64
+    Timer = Struct.new(:deadline, :sequence, :target)
 
-    # @return [Array<Symbol>] the backends of this loop: [:select]
-    def self.backends
-      BACKENDS
-    end
+    @forks = 0
 
-    # Whether the backend `name` can run on this loop.
-    # @param name [Symbol, String]
-    # @return [String, nil] nil when `name` can run here, else why not
-    # @raise [TypeError] `name` is not a Symbol or String
-    def self.probe(name)
-      BACKENDS.include?(backend_name(name)) ? nil : "unknown backend"
-    end
+    class << self
+      # (see Evt::Loop.backends)
+      def backends = BACKENDS
 
-    # @param name [Symbol, String]
-    # @return [nil] the pure-Ruby loop emulates nothing
-    # @raise [TypeError] `name` is not a Symbol or String
-    def self.emulation(name)
-      backend_name(name)
-      nil
-    end
+      # (see Evt::Loop.probe)
+      def probe(name) = BACKENDS.include?(backend_name(name)) ? nil : "unknown backend"
 
-    def self.backend_name(name)
-      unless name.is_a?(Symbol) || name.is_a?(String)
+      # (see Evt::Loop.emulation)
+      def emulation(name) = backend_name(name) && nil
+
+      # @api private
+      # @return [Symbol]
+      def backend_name(name)
+        return name.to_sym if name.is_a?(Symbol) || name.is_a?(String)
+
         raise TypeError, "evt: backend name must be a Symbol or String, not #{name.class}"
       end
 
-      name.to_sym
+      # @api private
+      # @return [Integer] forks this process is down from the first ({ForkWatch} counts them)
+      attr_reader :forks
+
+      # {ForkWatch}'s count, in a forked child.
+      # @api private
+      def forked = @forks += 1
+
+      # Every select loop of this Ractor, for IO#close to look through.
+      # @api private
+      # @return [ObjectSpace::WeakMap] loop => true
+      def loops = Ractor.current[:evt_select_loops] ||= ObjectSpace::WeakMap.new
     end
-    private_class_method :backend_name
+
+    # Process._fork (every fork but Process.daemon's): the child counts it.
+    # @api private
+    module ForkWatch
+      # @return [Integer] the child's pid in the parent, 0 in the child
+      def _fork = super.tap { |pid| SelectLoop.forked if pid.zero? }
+
+      # @return [0] in the child: the parent has exited
+      def daemon(...) = super(...).tap { SelectLoop.forked }
+    end
+    Process.singleton_class.prepend(ForkWatch)
+
+    # (see Evt::Loop#initialize)
+    def initialize(backend)
+      raise "evt: loop already initialized" if @backend
+
+      backend = SelectLoop.backend_name(backend)
+      raise ArgumentError, "evt: unknown backend #{backend.inspect}" unless BACKENDS.include?(backend)
+
+      @backend = backend
+      @blocking_modes = ObjectSpace::WeakMap.new # io => whether its descriptor is in blocking mode
+      @requests = Thread::Queue.new # from other threads: [kind, subject, argument, forks]
+      @resumes = nil # fiber => how often the loop resumed it, once another thread unblocks (#unblock)
+      @forks = SelectLoop.forks
+      reset
+      SelectLoop.watch_closes
+      SelectLoop.loops[self] = true
+      open_pipe
+    end
+
+    # (see Evt::Loop#backend)
+    def backend = check && @backend
+
+    # (see Evt::Loop#closed?)
+    def closed? = check && @wakeup_r.nil?
+
+    # (see Evt::Loop#waiting)
+    def waiting = check && @waiting
+
+    private
+
+    # No fiber waits: a new loop, or a forked child's (the parent's fibers do not go on there).
+    def reset
+      @ready = []
+      @timers = []
+      @sequence = 0
+      @watched = {}.compare_by_identity # io => {waiter => events}
+      @closing = {}.compare_by_identity # io => true: another thread closes it (#close_io)
+      @unblockable = {}.compare_by_identity # fiber => waiter
+      @early_unblock = nil # an unblock for the fiber running now, before it blocked (#unblock)
+      @first = 0 # starters put in front of the ready queue this turn (#ready_first)
+      @waiting = @running = 0
+      @blocked = false # in IO.select
+      @loop_fiber = @current = Fiber.current
+      @thread = Thread.current
+      @launcher = nil
+    end
+
+    # The loop, after any fork: the forking thread starts it over (and only that one: a thread of
+    # the child may unblock before).
+    def check
+      raise "evt: the scheduler is not initialized" unless @backend
+
+      if @forks != SelectLoop.forks && Thread.current == Thread.main
+        @forks = SelectLoop.forks
+        @wakeup_r = @wakeup_w = nil # dropped, not closed: Ruby 3.4's close could wait for the parent's threads
+        reset
+      end
+      self
+    end
+
+    # The loop, for its own thread: an idle one moves to the thread that uses it.
+    def owned
+      check
+      return self if Thread.current == @thread
+      raise ThreadError, "evt: this scheduler belongs to another thread, where fibers wait in it" if @waiting + @running > 0
+
+      @thread = Thread.current
+      @loop_fiber = @current = Fiber.current
+      @launcher = nil
+      self
+    end
+
+    def get
+      owned
+      open_pipe unless @wakeup_r
+      self
+    end
+
+    def open_pipe
+      @wakeup_r, @wakeup_w = IO.pipe
+    end
+
+    def close_pipe
+      [@wakeup_r, @wakeup_w].each { |io| io.close unless io.nil? || io.closed? }
+      @wakeup_r = @wakeup_w = nil
+    end
+
+    def close_backend
+      owned
+      raise FiberError, "evt: the loop is running: it closes when it is done" if @running.positive?
+
+      close_pipe
+    end
+
+    def now = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
+
+    def add_timer(deadline, target)
+      timer = Timer.new(deadline, @sequence += 1, target)
+      @timers.insert(@timers.bsearch_index { |t| t.deadline > deadline } || @timers.size, timer)
+      timer
+    end
+
+    def remove_timer(timer)
+      at = @timers.bsearch_index { |t| t.deadline > timer.deadline || (t.deadline == timer.deadline && t.sequence >= timer.sequence) }
+      @timers.delete_at(at) if at && @timers[at].equal?(timer)
+    end
+
+    # nil -> nil (no limit); otherwise nanoseconds, with Kernel#sleep's errors. Past Time's range,
+    # `saturate` gives FOREVER (Queue#pop(timeout:) waits any time), else RangeError.
+    def interval(value, saturate: false)
+      return nil if value.nil?
+      raise TypeError, "can't convert #{value.class} into time interval" unless value.is_a?(Numeric)
+      raise ArgumentError, "time interval must not be negative" if value.negative?
+
+      if value >= 2**63 || (value.is_a?(Float) && value.nan?)
+        return FOREVER if saturate
+
+        raise RangeError, "#{value.is_a?(Float) ? format("%f", value) : value} out of Time range"
+      end
+      [(value * 1_000_000_000).to_i, FOREVER].min
+    end
+
+    # The block's value, or its exception of `classes`. Ruby 3.3 and 3.4 keep the exception ending
+    # the thread in $! while scheduler_close runs, which a rescue here would clear: then the rescue
+    # happens on a fiber of its own. (For the same reason the loop's code uses `while`, never a
+    # block it breaks out of.)
+    def rescuing(*classes, &block)
+      return Fiber.new(blocking: true) { rescuing(*classes, &block) }.resume if $!
+
+      yield
+    rescue *classes => e
+      e
+    end
+
+    # ---- waiting -------------------------------------------------------------------------------
+
+    # Suspends the current fiber until the loop resumes it; returns how the wait ended. It waits
+    # for its `watches`, `timeout` ns, an unblock (`unblockable`); `ready` puts it in the ready
+    # queue at once (`first`: in front). Control goes to the loop fiber, or to the new fiber `to`.
+    # However the fiber leaves, its waiter leaves every structure.
+    def suspend(timeout: nil, watches: nil, unblockable: false, ready: false, first: false, to: nil) # rubocop:disable Metrics/ParameterLists
+      waiter = Waiter.new(Fiber.current, :waiting, nil, watches)
+      forks = @forks
+      @waiting += 1
+      early = @early_unblock.equal?(waiter.fiber)
+      @early_unblock = nil if early # for this wait if it is a block, else for none
+      begin
+        waiter.timer = add_timer(now + timeout, waiter) if timeout
+        watches&.each { |io, events| watch(waiter, io, events) }
+        if unblockable
+          @unblockable[waiter.fiber] = waiter
+          waiter.unblockable = true
+          wake(waiter, :unblocked) if early
+        end
+        ready_first(waiter) if first
+        wake(waiter, nil) if ready
+        if to
+          @current = nil # until the new fiber says it runs
+          to.transfer
+        elsif waiter.fiber.equal?(@loop_fiber) then run_loop(waiter) # the loop fiber waits by running it
+        else @loop_fiber.transfer
+        end
+      ensure
+        leave(waiter) if forks == @forks # (a child's waits are the parent's)
+      end
+      waiter.result
+    end
+
+    def watch(waiter, io, events)
+      return unless waiter.state == :waiting
+      return wake(waiter, :closed) if closing?(io)
+
+      list = (@watched[io] ||= {}.compare_by_identity)
+      list[waiter] = list.fetch(waiter, 0) | events
+    end
+
+    def leave(waiter)
+      # Not resumed by the loop: Fiber#raise or Fiber#kill from another fiber.
+      ready_the_switcher(waiter.fiber) unless waiter.state == :done || waiter.fiber.equal?(@loop_fiber)
+      detach(waiter)
+      waiter.state = :done
+      @waiting -= 1
+    end
+
+    # Takes the waiter out of what it waits on. An IO's list stays while empty: the next turn drops it.
+    def detach(waiter)
+      waiter.watches&.each { |io, _| @watched[io]&.delete(waiter) }
+      remove_timer(waiter.timer) if waiter.timer
+      waiter.timer = nil
+      @unblockable.delete(waiter.fiber) if waiter.unblockable && @unblockable[waiter.fiber].equal?(waiter)
+    end
+
+    def wake(waiter, result)
+      return unless waiter.state == :waiting
+
+      detach(waiter)
+      waiter.result = result
+      waiter.state = :ready
+      @ready << waiter
+      signal if @blocked # from a trap handler during IO.select: it must see the fiber ready
+    end
+
+    # A fiber that started another goes on as soon as that one waits, before the fibers ready
+    # already (Ruby's reference scheduler: the new fiber's first wait returns to its starter).
+    def ready_first(waiter)
+      waiter.state = :ready
+      @ready.unshift(waiter)
+      @first += 1
+    end
+
+    # A fiber left its wait without the loop resuming it: the fiber that switched to it is in no
+    # wait, and must go in the ready queue or it would never run again.
+    def ready_the_switcher(unwound)
+      switcher = @current
+      @current = unwound
+      return if switcher.nil? || switcher == unwound || switcher == @loop_fiber
+      return if @unblockable.key?(switcher) || !switcher.alive?
+
+      @waiting += 1
+      @ready << Waiter.new(switcher, :ready, nil, nil, nil, false, true)
+    end
+
+    def wait_io(io, events, timeout)
+      deadline = timeout && (now + timeout)
+      while true # rubocop:disable Style/InfiniteLoop
+        result = suspend(timeout: timeout, watches: [[io, events]])
+        # Made ready, then closed by a fiber that ran first: closed under the wait all the same.
+        raise IOError, "stream closed in another thread" if result == :closed || (result.is_a?(Integer) && io.closed?)
+        return result unless result.nil?
+
+        timeout = [deadline - now, 0].max if deadline
+      end
+    end
+
+    def block_fiber(timeout)
+      deadline = timeout && (now + timeout)
+      while true # rubocop:disable Style/InfiniteLoop
+        case suspend(timeout: timeout, unblockable: true)
+        when :unblocked then return true
+        when :timed_out then return false
+        end
+        timeout = [deadline - now, 0].max if deadline
+      end
+    end
+
+    # ---- running -------------------------------------------------------------------------------
+
+    def start(fiber)
+      get
+      Fiber.current.equal?(@loop_fiber) ? launch(fiber) : suspend(first: true, to: fiber)
+      fiber
+    end
+
+    def started
+      check
+      @current = Fiber.current
+      nil
+    end
+
+    # Starts `fiber` from the loop fiber through a non-blocking launcher fiber, which hands back a
+    # FiberError: CRuby 3.3 and 3.4 leave the thread's count of blocking fibers lowered when a
+    # blocking fiber's switch into a new fiber fails.
+    def launch(fiber)
+      @launch_caller = Fiber.current
+      @launcher ||= Fiber.new(blocking: false) do
+        target = @launch_caller.transfer
+        while true # rubocop:disable Style/InfiniteLoop
+          target = begin
+            target.transfer # back here, with the next fiber, at the next launch
+          rescue FiberError => e
+            @launch_error = e
+            @launch_caller.transfer
+          end
+        end
+      end.tap(&:transfer)
+      @current = nil # until the new fiber says it runs
+      @launcher.transfer(fiber)
+      error, @launch_error = @launch_error, nil
+      raise error if error
+    ensure
+      @current = @loop_fiber
+      @early_unblock = nil if @early_unblock.equal?(fiber) # it ended without waiting
+    end
+
+    # Runs `fiber` (or raises `exception` in it) until it waits or ends.
+    def switch_to(fiber, exception = nil)
+      @current = fiber
+      @resumes[fiber] = (@resumes[fiber] || 0) + 1 if @resumes
+      exception ? fiber.raise(exception) : fiber.transfer
+    ensure
+      @current = @loop_fiber
+      @early_unblock = nil if @early_unblock.equal?(fiber)
+    end
+
+    # The fibers ready when the turn began, and the starters put in front meanwhile. true when
+    # `until_waiter` came up.
+    def resume_ready(until_waiter)
+      count = @ready.size
+      @first = 0
+      while (@first.positive? || count.positive?) && (waiter = @ready.shift)
+        @first.positive? ? @first -= 1 : count -= 1
+        next unless waiter.state == :ready # left meanwhile (Fiber#raise, kill)
+
+        waiter.state = :done
+        return true if waiter.equal?(until_waiter)
+
+        @waiting -= 1 if waiter.switcher
+        switch_to(waiter.fiber) if waiter.fiber.alive?
+      end
+      false
+    end
+
+    def run_loop(until_waiter)
+      @running += 1
+      while true # rubocop:disable Style/InfiniteLoop
+        serve_requests(interrupts: true) unless @requests.empty?
+        return if resume_ready(until_waiter) || (until_waiter.nil? && @waiting.zero?)
+
+        open_pipe unless @wakeup_r
+        first = @timers.first
+        wait(if !@ready.empty? || !@requests.empty? then 0
+             elsif first then [first.deadline - now, 0].max
+             end)
+        time = now
+        while (timer = @timers.first) && timer.deadline <= time
+          @timers.shift
+          next switch_to(timer.target.fiber, timer.target.exception) if timer.target.is_a?(Timeout)
+
+          timer.target.timer = nil
+          wake(timer.target, :timed_out)
+        end
+      end
+    ensure
+      @running -= 1
+      @current = @loop_fiber
+    end
+
+    # IO.select (without the GVL) on the watched IOs and the wakeup pipe; wakes the ready waiters.
+    def wait(timeout)
+      if @wakeup_r.closed? || @wakeup_w.closed? # closed behind the loop's back
+        close_pipe
+        open_pipe
+      end
+      @closing.delete_if { |io, _| io.closed? }
+      sets = [[@wakeup_r], [], []]
+      closed = []
+      @watched.delete_if do |io, list|
+        next true if list.empty? # nobody waits on it any more: the IO may be collected
+        next false if io.closed? && closed << io # closed without passing through CloseWatch
+
+        events = list.each_value.reduce(0, :|)
+        [IO::READABLE, IO::WRITABLE, IO::PRIORITY].each_with_index { |event, i| sets[i] << io if events.anybits?(event) }
+        false
+      end
+      closed.each { |io| close_io(io) }
+      return unless closed.empty? # their fibers are ready now
+
+      @blocked = true
+      # Blocking: in a forked child the loop fiber may be a scheduled one, whose IO.select is ours.
+      result = rescuing(IOError, Errno::EBADF) { Fiber.blocking { IO.select(*sets, timeout && (timeout / 1e9)) } }
+      @blocked = false
+      wake_bad_descriptors if result.is_a?(Exception)
+      serve_requests(interrupts: false) unless @requests.empty? # closes: before any event on those IOs
+      return unless result.is_a?(Array)
+
+      result.zip([IO::READABLE, IO::WRITABLE, IO::PRIORITY]) do |ios, events|
+        ios.each do |io|
+          next Fiber.blocking { io.read_nonblock(4096, exception: false) } if io.equal?(@wakeup_r)
+
+          @watched[io]&.each do |waiter, wanted|
+            next if (hit = wanted & events).zero?
+
+            if waiter.state == :ready && waiter.result.is_a?(Integer) then waiter.result |= hit
+            else wake(waiter, hit)
+            end
+          end
+        end
+      end
+    end
+
+    # Waiters on a descriptor closed under its IO (by IO.for_fd's twin) wake, to meet EBADF.
+    def wake_bad_descriptors
+      @watched.each do |io, list|
+        next if io.closed? || !rescuing(Errno::EBADF, IOError) { select_now([io], nil, nil) }.is_a?(Errno::EBADF)
+
+        list.to_a.each { |waiter, wanted| wake(waiter, wanted) }
+      end
+    end
+
+    # ---- other threads ---------------------------------------------------------------------------
+
+    def signal
+      @wakeup_w.write_nonblock(".", exception: false) if @forks == SelectLoop.forks && @wakeup_w && !@wakeup_w.closed?
+    end
+
+    def request(kind, subject, argument = nil)
+      @requests << [kind, subject, argument, SelectLoop.forks]
+      signal if Thread.current != @thread # always: the loop may be on its way into IO.select
+    end
+
+    # The other threads' requests, unblocks first (the C loop serves those as they come); fiber
+    # interrupts only when `interrupts` (not while IO.select's result waits to be dispatched).
+    def serve_requests(interrupts:)
+      requests = []
+      requests << @requests.pop(true) until @requests.empty?
+      requests = requests.partition { |kind, *| kind == :unblock }.flatten(1)
+      own = nil
+      until requests.empty?
+        kind, subject, argument, forks = item = requests.shift
+        next if forks != @forks # made in the parent, before the fork
+
+        case kind
+        when :closed then close_io(subject, elsewhere: true)
+        when :unblock
+          waiter = @unblockable[subject]
+          wake(waiter, :unblocked) if waiter && (@resumes[subject] || 0) == argument
+        when :interrupt
+          if !interrupts then @requests << item
+          elsif subject.equal?(Fiber.current) then own = argument
+          else interrupt(subject, argument)
+          end
+        end
+      end
+      raise own if own
+    ensure
+      requests.each { |rest| @requests << rest } # a stand-in's raise raised: the rest wait
+    end
+
+    # Raises `exception` in `fiber`, or through a stand-in for one (whose raise switches to a fiber
+    # the loop cannot name: @current is nil meanwhile, so its unwinding readies no one).
+    def interrupt(fiber, exception)
+      return unless fiber.alive?
+      return switch_to(fiber, exception) if fiber.is_a?(Fiber)
+
+      begin
+        @current = nil
+        fiber.raise(exception)
+      ensure
+        @current = @loop_fiber
+      end
+    rescue FiberError
+      nil # not suspended any more: nothing to interrupt
+    end
+
+    # Whether a fiber waits on `io`, or did until the last turn: another thread closing it tells
+    # the loop even when none waits right now, as one may be about to. From any thread.
+    def knows?(io) = @forks == SelectLoop.forks && @watched.key?(io)
+
+    def owned_here? = Thread.current == @thread
+
+    def can_yield? = Fiber.current == @loop_fiber || (@running.positive? && Fiber.current == @current)
+
+    def io_closing(io) = owned_here? ? close_io(io) : request(:closed, io)
+
+    # Wakes the waiters on `io` with :closed. `elsewhere`: the closer may not have marked io closed
+    # yet; until it has, a new wait on it ends at once too (#closing?).
+    def close_io(io, elsewhere: false)
+      @closing[io] = true if elsewhere && !io.closed?
+      @watched[io]&.keys&.each { |waiter| wake(waiter, :closed) }
+    end
+
+    def closing?(io) = @closing.key?(io) && (!io.closed? || !@closing.delete(io))
+
+    def suspended_fibers
+      check
+      fibers = @ready.select { |waiter| waiter.state == :ready }.map(&:fiber)
+      @timers.each { |timer| fibers << timer.target.fiber if timer.target.is_a?(Waiter) }
+      @watched.each_value { |list| fibers.concat(list.keys.map(&:fiber)) }
+      (fibers + @unblockable.keys).uniq.reject { |fiber| fiber.equal?(Fiber.current) }
+    end
+
+    # This loop cannot watch a process: a thread waits instead (ProcessWaiting).
+    def wait_child_exit(_pid) = nil
+
+    def pidfd_open(_pid) = nil
+
+    public
+
+    # ---- the hooks (the IO ones in select_loop/io.rb) ------------------------------------------
+
+    # (see Evt::Loop#io_select)
+    def io_select(readables, writables = nil, exceptables = nil, timeout = nil)
+      get
+      timeout = interval(timeout)
+      result = select_now(readables, writables, exceptables) # validates as IO.select does
+      return result if result || timeout&.zero?
+
+      deadline = timeout && (now + timeout)
+      watches = [[readables, IO::READABLE], [writables, IO::WRITABLE], [exceptables, IO::PRIORITY]]
+                .flat_map { |ios, events| (ios || []).map { |object| [object.to_io, events] } }
+      while true # rubocop:disable Style/InfiniteLoop
+        # Nothing to watch and no time limit: sleeps until interrupted.
+        outcome = suspend(timeout: timeout, watches: watches, unblockable: watches.empty? && timeout.nil?)
+        raise IOError, "stream closed in another thread" if outcome == :closed
+
+        result = select_now(readables, writables, exceptables)
+        return result if result || outcome == :timed_out
+
+        timeout = [deadline - now, 0].max if deadline
+      end
+    end
+
+    # (see Evt::Loop#kernel_sleep)
+    def kernel_sleep(*arguments)
+      raise ArgumentError, "wrong number of arguments (given #{arguments.size}, expected 0..1)" if arguments.size > 1
+
+      timeout = interval(arguments.first)
+      get
+      timeout&.zero? ? suspend(ready: true) : block_fiber(timeout)
+      nil
+    end
+
+    # (see Evt::Loop#block)
+    def block(_blocker, timeout = nil)
+      timeout = interval(timeout, saturate: true)
+      get
+      block_fiber(timeout)
+    end
+
+    # (see Evt::Loop#unblock)
+    def unblock(_blocker, fiber)
+      check
+      if Thread.current != @thread
+        # Served by the loop, only if it has not resumed the fiber since: else the block this was for
+        # is over. (Looked up now, the waiter could be missed: the fiber may be on its way into #block.)
+        request(:unblock, fiber, (@resumes ||= ObjectSpace::WeakMap.new)[fiber] || 0)
+      elsif (waiter = @unblockable[fiber])
+        wake(waiter, :unblocked)
+      elsif fiber == @current && !fiber.nil? && (fiber != @loop_fiber || @running.zero?)
+        @early_unblock = fiber # running, not blocked yet: kept for its next block, as a thread's wakeup
+      end
+      nil
+    end
+
+    # (see Evt::Loop#timeout_after)
+    def timeout_after(duration, exception_class, *arguments)
+      raise LocalJumpError, "no block given (yield)" unless block_given?
+
+      timeout = duration.is_a?(Numeric) && duration.negative? ? 0 : interval(duration) # negative: expired
+      get
+      return yield(duration) if timeout.nil?
+
+      exception = if exception_class.respond_to?(:exception) then exception_class.exception(*arguments)
+                  elsif exception_class.is_a?(String) && arguments.empty? then RuntimeError.new(exception_class)
+                  end
+      raise TypeError, "exception class/object expected" unless exception.is_a?(Exception)
+
+      timer = add_timer(now + timeout, Timeout.new(Fiber.current, exception))
+      begin
+        yield(duration)
+      ensure
+        remove_timer(timer)
+      end
+    end
+
+    # (see Evt::Loop#io_close)
+    def io_close(fd)
+      get
+      return false if fd.negative?
+
+      Fiber.blocking { IO.for_fd(fd, autoclose: true).close } # blocking: else it comes back here
+      true
+    rescue Errno::EBADF
+      false
+    end
+
+    # (see Evt::Loop#fiber_interrupt)
+    def fiber_interrupt(fiber, exception)
+      missing = %i[alive? raise transfer].find { |name| !fiber.respond_to?(name) } unless fiber.is_a?(Fiber)
+      if missing
+        raise TypeError, "evt: fiber_interrupt needs a Fiber, or an object that answers alive?, raise and " \
+                         "transfer; #{fiber.class} does not answer #{missing}"
+      end
+      request(:interrupt, fiber, exception)
+      nil
+    end
+
+    # (see Evt::Loop#run)
+    def run
+      get
+      unless Fiber.current.equal?(@loop_fiber)
+        raise FiberError, "evt: the loop is already running on another fiber" if @running.positive?
+        unless Fiber.current.blocking?
+          raise FiberError, "evt: the loop runs on a blocking fiber (the one that drives the scheduler), " \
+                            "not inside a scheduled fiber"
+        end
+
+        @loop_fiber = Fiber.current
+      end
+      run_loop(nil)
+      self
+    end
+
+    # (see Evt::Loop#scheduler_close)
+    def scheduler_close
+      owned
+      if Fiber.current != @loop_fiber && (@running.positive? || !Fiber.current.blocking?)
+        raise FiberError, "evt: a scheduler is closed from the blocking fiber that drives it, " \
+                          "not from inside a scheduled fiber"
+      end
+      begin
+        run
+      ensure
+        close_pipe
+      end
+      nil
+    end
+
+    # (see Evt::Loop#wakeup)
+    def wakeup
+      check
+      signal if @blocked
+      nil
+    end
   end
 end
 
-require_relative "select_loop/timers"
-require_relative "select_loop/waiter"
-require_relative "select_loop/object"
-require_relative "select_loop/close"
-require_relative "select_loop/hooks"
 require_relative "select_loop/io"
-require_relative "select_loop/loop"
+require_relative "select_loop/close_watch"

@@ -2,173 +2,125 @@
 
 module Evt
   class SelectLoop
-    # The pure-Ruby loop's transfers and readiness, as ext/evt/io.c.
+    # The pure-Ruby loop's IO hooks. Every transfer is one primitive (#transfer_single) under both
+    # conventions of the hooks: *_minimum, Ruby 3.3 to 4.0's (at least `length` bytes, waiting as
+    # needed), and *_single, Ruby 4.1's (one transfer, or -EAGAIN); io_read and friends are this
+    # Ruby's. io_pread and io_pwrite only from Ruby 4.0: 3.3 and 3.4 call io_pwrite without the GVL,
+    # where no Ruby code may run (they are on files, which never wait: Ruby does them itself there).
+
+    # -EAGAIN, as the transfer hooks return it: not ready.
+    # @api private
+    EAGAIN = -Errno::EAGAIN::Errno
+    # -EINTR: a transfer a signal interrupted, to try again.
+    # @api private
+    EINTR = -Errno::EINTR::Errno
+    # -EINVAL: a range outside the buffer, a negative position.
+    # @api private
+    EINVAL = -Errno::EINVAL::Errno
+    # A writable pipe in blocking mode takes this much without blocking (POSIX's least).
+    # @api private
+    PIPE_BUF = 512
+
+    # (see Evt::Loop#io_wait)
+    def io_wait(io, events, timeout)
+      get
+      io.fileno # IOError for a closed stream, as Ruby raises
+      timeout = interval(timeout.nil? && io.is_a?(IO) ? io.timeout : timeout)
+      events &= EVENTS
+      ready = ready_now(io, events) # a ready IO does not wait for a turn
+      return ready unless ready.zero?
+      return false if timeout&.zero? || events.zero?
+
+      result = wait_io(io, events, timeout)
+      result == :timed_out ? false : result
+    end
+
+    if INTERFACE >= 4
+      # (see Evt::Loop#io_read)
+      def io_read(io, buffer, offset, length) = io_read_single(io, buffer, offset, length)
+      # (see Evt::Loop#io_write)
+      def io_write(io, buffer, offset, length) = io_write_single(io, buffer, offset, length)
+      # (see Evt::Loop#io_pread)
+      def io_pread(io, buffer, from, offset, length) = io_pread_single(io, buffer, from, offset, length)
+      # (see Evt::Loop#io_pwrite)
+      def io_pwrite(io, buffer, from, offset, length) = io_pwrite_single(io, buffer, from, offset, length)
+    else
+      # (see Evt::Loop#io_read)
+      def io_read(io, buffer, length, offset) = io_read_minimum(io, buffer, length, offset)
+      # (see Evt::Loop#io_write)
+      def io_write(io, buffer, length, offset) = io_write_minimum(io, buffer, length, offset)
+      if RUBY_VERSION >= "4"
+        # (see Evt::Loop#io_pread)
+        def io_pread(io, buffer, from, length, offset) = io_pread_minimum(io, buffer, from, length, offset)
+        # (see Evt::Loop#io_pwrite)
+        def io_pwrite(io, buffer, from, length, offset) = io_pwrite_minimum(io, buffer, from, length, offset)
+      end
+    end
 
     private
 
-    # ---- readiness without waiting ----------------------------------------------------------------
-
-    # IO.select from a blocking context, so it does not come back here as io_select.
+    def io_read_single(io, buffer, offset, length) = single(io, buffer, offset, length, nil, IO::READABLE)
+    def io_write_single(io, buffer, offset, length) = single(io, buffer, offset, length, nil, IO::WRITABLE)
+    def io_pread_single(io, buffer, from, offset, length) = single(io, buffer, offset, length, from, IO::READABLE)
+    def io_pwrite_single(io, buffer, from, offset, length) = single(io, buffer, offset, length, from, IO::WRITABLE)
+    def io_read_minimum(io, buffer, length, offset) = minimum(io, buffer, length, offset, nil, IO::READABLE)
+    def io_write_minimum(io, buffer, length, offset) = minimum(io, buffer, length, offset, nil, IO::WRITABLE)
+    def io_pread_minimum(io, buffer, from, length, offset) = minimum(io, buffer, length, offset, from, IO::READABLE)
+    def io_pwrite_minimum(io, buffer, from, length, offset) = minimum(io, buffer, length, offset, from, IO::WRITABLE)
+    # IO.select from a blocking fiber, so that it does not come back here as io_select.
     def select_now(readables, writables, exceptables)
       Fiber.blocking { IO.select(readables, writables, exceptables, 0) }
     end
 
     def ready_now(io, events)
-      result = select_now(events.anybits?(IO::READABLE) ? [io] : nil, events.anybits?(IO::WRITABLE) ? [io] : nil,
-                          events.anybits?(IO::PRIORITY) ? [io] : nil)
-      return 0 unless result
-
-      (result[0].empty? ? 0 : IO::READABLE) | (result[1].empty? ? 0 : IO::WRITABLE) |
-        (result[2].empty? ? 0 : IO::PRIORITY)
+      result = select_now(*[IO::READABLE, IO::WRITABLE, IO::PRIORITY].map { |e| [io] if events.anybits?(e) }) or return 0
+      result.zip([IO::READABLE, IO::WRITABLE, IO::PRIORITY]).sum { |ready, event| ready.empty? ? 0 : event }
     end
 
-    # ---- transfers --------------------------------------------------------------------------------
-
-    # -EAGAIN, as the transfer hooks return it: the descriptor is not ready.
-    # @api private
-    EAGAIN = -Errno::EAGAIN::Errno
-    # -EINTR: a transfer interrupted by a signal, to try again.
-    # @api private
-    EINTR = -Errno::EINTR::Errno
-    # -EINVAL, as the transfer hooks return it: a range outside the buffer, a negative position.
-    # @api private
-    EINVAL = -Errno::EINVAL::Errno
-    # POSIX's least: a writable pipe in blocking mode takes this much without blocking.
-    # @api private
-    PIPE_BUF = 512
-
-    # Both conventions of the transfer hooks, whichever this Ruby calls (see io.c): the public io_read
-    # and io_write are one or the other, and tests reach both on any Ruby. Positioned transfers at a
-    # negative `from` are -EINVAL, as pread(2) says (Ruby names the file).
-
-    # Ruby 4.1's io_read: one read into `buffer` at `offset` of at most `length` bytes.
-    # @return [Integer] bytes read (0: end of file), or -errno: -EAGAIN when nothing is ready (Ruby
-    #   then calls io_wait), -EINVAL when the range is not inside the buffer
-    def io_read_single(io, buffer, offset, length)
-      transfer_single_hook(io, buffer, offset, length, nil, IO::READABLE)
-    end
-
-    # Ruby 4.1's io_write: one write from `buffer` at `offset` of at most `length` bytes.
-    # @return [Integer] bytes written, or -errno, as io_read_single
-    def io_write_single(io, buffer, offset, length)
-      transfer_single_hook(io, buffer, offset, length, nil, IO::WRITABLE)
-    end
-
-    # Ruby 4.1's io_pread: as io_read_single, at file position `from` (which does not move).
-    def io_pread_single(io, buffer, from, offset, length)
-      return EINVAL if from.negative?
-
-      transfer_single_hook(io, buffer, offset, length, from, IO::READABLE)
-    end
-
-    # Ruby 4.1's io_pwrite: as io_write_single, at file position `from` (which does not move).
-    def io_pwrite_single(io, buffer, from, offset, length)
-      return EINVAL if from.negative?
-
-      transfer_single_hook(io, buffer, offset, length, from, IO::WRITABLE)
-    end
-
-    # Ruby 3.3 to 4.0's io_read: reads into `buffer` from `offset` at least `length` bytes, end of
-    # file or an error (`length` 0: whatever one read gives; -EAGAIN only for read_nonblock, which
-    # must not wait).
-    # @return [Integer] bytes read, or -errno
-    def io_read_minimum(io, buffer, length, offset)
-      transfer_minimum(io, buffer, length, offset, nil, IO::READABLE)
-    end
-
-    # Ruby 3.3 to 4.0's io_write: writes from `buffer` at `offset` at least `length` bytes or an
-    # error (`length` 0: whatever one write takes).
-    # @return [Integer] bytes written, or -errno
-    def io_write_minimum(io, buffer, length, offset)
-      transfer_minimum(io, buffer, length, offset, nil, IO::WRITABLE)
-    end
-
-    # Ruby 3.3 to 4.0's io_pread: as io_read_minimum, at file position `from` (which does not move).
-    # -ESPIPE for a pipe or socket, as pread(2) says.
-    def io_pread_minimum(io, buffer, from, length, offset)
-      return EINVAL if from.negative?
-
-      transfer_minimum(io, buffer, length, offset, from, IO::READABLE)
-    end
-
-    # Ruby 3.3 to 4.0's io_pwrite: as io_write_minimum, at file position `from` (the hook on 4.0
-    # only: 3.3 and 3.4 call io_pwrite without the GVL, where no Ruby code may run).
-    def io_pwrite_minimum(io, buffer, from, length, offset)
-      return EINVAL if from.negative?
-
-      transfer_minimum(io, buffer, length, offset, from, IO::WRITABLE)
-    end
-
-    # One transfer of at most `length` bytes (see transfer_single_hook in io.c). Nothing to move is
-    # no system call, once the range is known to be inside the buffer.
-    def transfer_single_hook(io, buffer, offset, length, position, events)
+    # One transfer of at most `length` bytes (at file position `from` unless nil), or -errno.
+    def single(io, buffer, offset, length, from, events)
       get
       io.fileno # IOError for a closed stream
+      return EINVAL if from&.negative?
       return inside?(buffer.size, offset, 0) ? 0 : EINVAL if length.zero?
 
       blocking = blocking_mode?(io)
-      while true # rubocop:disable Style/InfiniteLoop
-        result = transfer_single(io, buffer, offset, length, position, events, blocking)
-        return result unless result == EINTR
-      end
+      while (result = transfer_single(io, buffer, offset, length, from, events, blocking)) == EINTR; end
+      result
     end
 
-    # Transfers until at least `length` bytes (0: one successful transfer), end of file or an error,
-    # waiting in the loop on EAGAIN (see transfer_minimum_hook in io.c).
-    def transfer_minimum(io, buffer, length, offset, position, events)
+    # Transfers until `length` bytes (0: one transfer), end of file or an error, waiting on EAGAIN;
+    # only read_nonblock must not wait ({ReadNonblockWatch} says so).
+    def minimum(io, buffer, length, offset, from, events)
       get
       io.fileno # IOError for a closed stream
+      return EINVAL if from&.negative?
+
       blocking = blocking_mode?(io)
-      if length.zero? && position.nil?
-        # Only read_nonblock must not wait; every other reader and writer waits, here or after.
-        length = 1 unless events == IO::READABLE && called_by_read_nonblock?
-      end
+      length = 1 if length.zero? && from.nil? && !(events == IO::READABLE && Thread.current[:__evt_read_nonblock])
       total = 0
       while true # rubocop:disable Style/InfiniteLoop
-        result = transfer_single(io, buffer, offset + total, nil, position && (position + total), events, blocking)
+        result = transfer_single(io, buffer, offset + total, nil, from && (from + total), events, blocking)
         if result.positive?
-          total += result
-          break if total >= length
-
-          next
-        end
-        break if result.zero? # end of file, or a full buffer
-        next if result == EINTR
-        if result == EAGAIN
+          return total if (total += result) >= length
+        elsif result == EAGAIN
           return total.positive? ? total : EAGAIN if total >= length
 
           wait_for_transfer(io, events)
-          next
+        elsif result != EINTR
+          return total.positive? || result.zero? ? total : result # an error shows on the next call
         end
-        break if total.positive? # the error shows on the next call
-
-        return result
       end
-      total
     end
 
-    # While Ruby's own transfer runs: no asynchronous exception (see #transfer_single).
-    # @api private
-    UNINTERRUPTED = { Exception => :never }.freeze
-
-    # The primitive every transfer is made of: one read(2) or write(2) (pread, pwrite at `position`
-    # unless it is nil) between the buffer at `offset` and `io`, of at most `max` bytes, or up to the
-    # end of the buffer when `max` is nil. Never waits: a descriptor in blocking mode is polled first,
-    # and written at most PIPE_BUF bytes at a time.
-    # @return [Integer] bytes moved (0: end of file), or -errno: -EAGAIN when the descriptor is not
-    #   ready, -EINTR to try again, -EINVAL when the range is not inside the buffer
-    #
-    # Ruby's own transfer runs it, from a blocking fiber: Fiber.scheduler is nil there, so IO::Buffer
-    # does the system call itself instead of calling these hooks again.
-    #
-    # Asynchronous exceptions wait until the transfer is over. An IO#close in another thread finds
-    # this one in Ruby's transfer, queues "stream closed in another thread" for it, and waits for it
-    # to leave; when the closer is a scheduled fiber, this thread runs the closer's scheduler's
-    # #unblock on its way out, with the exception still pending (Ruby 3.3, 3.4), and raised in the
-    # middle of that hook the exception would lose the wakeup (and leave Ruby's mutex locked): the
-    # closer would wait forever. Masked, it is raised once the transfer returns, here.
-    def transfer_single(io, buffer, offset, max, position, events, blocking)
-      size = buffer.size # asked before every try: another fiber may have resized the buffer meanwhile
+    # The primitive: one read(2) or write(2) (pread or pwrite at `position` unless nil) between the
+    # buffer at `offset` and `io`, of at most `max` bytes (nil: to the buffer's end). Never waits: a
+    # descriptor in blocking mode is polled first, and written PIPE_BUF bytes at a time. From a
+    # blocking fiber, so IO::Buffer makes the system call itself; asynchronous exceptions wait until
+    # it returns (another thread's IO#close raises one here, and inside the closer's #unblock on its
+    # way out it would lose the wakeup, and leave Ruby's mutex locked).
+    def transfer_single(io, buffer, offset, max, position, events, blocking) # rubocop:disable Metrics/ParameterLists
+      size = buffer.size # asked every time: another fiber may have resized the buffer
       if max.nil?
         raise ArgumentError, "offset #{offset} is past the end of the buffer (#{size} bytes)" if offset > size
 
@@ -176,68 +128,41 @@ module Evt
       elsif !inside?(size, offset, max)
         return EINVAL
       end
-      if blocking
-        return EAGAIN if ready_now(io, events).zero?
+      return EAGAIN if blocking && ready_now(io, events).zero?
 
-        max = PIPE_BUF if events == IO::WRITABLE && max > PIPE_BUF
-      end
-      unless max == size - offset
-        # IO::Buffer transfers up to the end of the buffer: a slice ends where this transfer does.
-        buffer = buffer.slice(offset, max)
-        offset = 0
-      end
+      max = PIPE_BUF if blocking && events == IO::WRITABLE && max > PIPE_BUF
+      buffer, offset = buffer.slice(offset, max), 0 unless max == size - offset # IO::Buffer goes to its end
       Fiber.blocking do
-        Thread.handle_interrupt(UNINTERRUPTED) do
-          if position.nil?
-            events == IO::READABLE ? buffer.read(io, 0, offset) : buffer.write(io, 0, offset)
-          else
-            events == IO::READABLE ? buffer.pread(io, position, 0, offset) : buffer.pwrite(io, position, 0, offset)
+        Thread.handle_interrupt(Exception => :never) do
+          if events == IO::READABLE then position ? buffer.pread(io, position, 0, offset) : buffer.read(io, 0, offset)
+          else position ? buffer.pwrite(io, position, 0, offset) : buffer.write(io, 0, offset)
           end
         end
       end
     end
 
-    # Whether `length` bytes at `offset` are inside a buffer of `size` bytes.
-    def inside?(size, offset, length)
-      !offset.negative? && !length.negative? && offset <= size && length <= size - offset
-    end
+    def inside?(size, offset, length) = !offset.negative? && !length.negative? && offset <= size && length <= size - offset
 
     # Waits as a read or write would, under the IO's own #timeout.
     def wait_for_transfer(io, events)
       timeout = io.is_a?(IO) ? interval(io.timeout) : nil
-      raise IO::TimeoutError, "Blocking operation timed out!" if wait_io(io, events, timeout) == TIMED_OUT
+      raise IO::TimeoutError, "Blocking operation timed out!" if wait_io(io, events, timeout) == :timed_out
 
       io.fileno # closed meanwhile: raise rather than transfer on a number another file may have now
     end
 
-    # Whether read_nonblock called io_read: sysread comes with the same arguments and must wait
-    # ({ReadNonblockWatch} says so, for this fiber).
-    def called_by_read_nonblock?
-      Thread.current[:__evt_read_nonblock] || false
-    end
-
-    # Whether `io`'s descriptor is in blocking mode (a FIFO, a tty, a pipe after `nonblock =
-    # false`), so a transfer must look first. Learnt once per IO object, as the C hooks do (an
-    # fcntl per transfer would cost more). Regular files and block devices never wait.
+    # Whether `io` is in blocking mode (a FIFO, a tty, a pipe after `nonblock = false`) and not a
+    # file, learnt once per IO. Ruby 3.3 refuses IO#nonblock? outside the main Ractor: fcntl there.
     def blocking_mode?(io)
-      blocking = @blocking_modes[io]
-      return blocking unless blocking.nil?
+      known = @blocking_modes[io]
+      return known unless known.nil?
 
-      blocking = descriptor_blocking?(io)
-      blocking &&= !(stat = io.stat).file? && !stat.blockdev?
-      @blocking_modes[io] = blocking
-    end
-
-    # io/nonblock's IO#nonblock? (no system call that lets go of the GVL, which IO#fcntl is) where
-    # it may be called: not outside the main Ractor in Ruby 3.3 (Ractor::UnsafeError), where
-    # O_NONBLOCK is read with IO#fcntl instead.
-    def descriptor_blocking?(io)
-      @fcntl_for_nonblock = RUBY_VERSION < "3.4" && Ractor.current != Ractor.main if @fcntl_for_nonblock.nil?
-      if @fcntl_for_nonblock && defined?(Fcntl::O_NONBLOCK)
-        return (Fiber.blocking { io.fcntl(Fcntl::F_GETFL) } & Fcntl::O_NONBLOCK).zero?
-      end
-
-      io.respond_to?(:nonblock?) && !io.nonblock?
+      blocking = if RUBY_VERSION < "3.4" && Ractor.current != Ractor.main && defined?(Fcntl::O_NONBLOCK)
+                   (Fiber.blocking { io.fcntl(Fcntl::F_GETFL) } & Fcntl::O_NONBLOCK).zero?
+                 else
+                   io.respond_to?(:nonblock?) && !io.nonblock?
+                 end
+      @blocking_modes[io] = blocking && !(stat = io.stat).file? && !stat.blockdev?
     end
   end
 end
