@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "evt/version"
-require_relative "evt/hooks"
+require_relative "evt/hook_table"
 
 module Evt
   # Loads the C extension (Evt::Loop and its backends); nil when it is loaded, else why not. Where
@@ -36,15 +36,17 @@ module Evt
     class Loop < SelectLoop; end
   end
 
-  # Evt::Loop as the C extension defines it (ext/evt/evt.c, io.c, hooks.c), for YARD, which reads
-  # no C file but selector.c (see .yardopts). Keep it in step with the rb_define_method calls there.
+  # Evt::Loop as the C extension defines it (ext/evt/evt.c, io.c, hooks.c): the one place its methods
+  # are described (the C code says why, the pure-Ruby loop refers here, sig/ has the types). YARD
+  # reads no C file but selector.c (see .yardopts); test/yard_test.rb holds this block to the
+  # rb_define_method calls there.
   #
   # @!parse
   #   # The event loop in C (ext/evt/), on one backend: the class {Scheduler} inherits from. It
   #   # answers the hooks Ruby calls most often (IO waits and transfers, sleep, block and unblock,
   #   # IO.select, timeouts) without running any Ruby code; {Scheduling} adds the hooks written in
   #   # Ruby. Where the extension is not loaded, Evt::Loop is instead an empty subclass of
-  #   # {SelectLoop}, the same loop written in Ruby, with the same methods.
+  #   # {SelectLoop}, the loop written in Ruby, with the same methods.
   #   #
   #   # The hook methods are Ruby's Fiber::Scheduler interface: Ruby calls them, from the
   #   # non-blocking fibers of the thread whose scheduler this is. Code that uses evt does not call
@@ -205,7 +207,7 @@ end
 
 require_relative "evt/resolver" # loads socket
 
-# What the C extension prepends to IO and BasicSocket (ext/evt/close.c, socket_write.c), for
+# What the C extension prepends to IO and BasicSocket (ext/evt/closers.c, socket_write.c), for
 # YARD, which does not read those files.
 #
 # @!parse
@@ -247,9 +249,9 @@ require_relative "evt/resolver" # loads socket
 #   class BasicSocket < IO; end
 
 # BasicSocket has a close_read and close_write of its own, which close the descriptor once both
-# directions are shut down: they must wake the waiters first too (ext/evt/close.c).
+# directions are shut down: they must wake the waiters first too (ext/evt/closers.c).
 BasicSocket.prepend(Evt::SocketShutdownWakesWaiters) if defined?(Evt::SocketShutdownWakesWaiters)
-require_relative "evt/worker_pool"
+require_relative "evt/blocking_pool"
 require_relative "evt/scheduler"
 require_relative "evt/socket_write"
 require_relative "evt/selector" if Evt.extension? # the loop behind io-event's selector interface (evt/async)

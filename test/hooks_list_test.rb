@@ -19,9 +19,35 @@ class HooksListTest < Minitest::Test
   def test_each_entry_names_its_call_where_it_lives_and_its_rubies
     Evt::HOOKS.each do |name, hook|
       assert hook.call.start_with?(name.to_s), "#{name}: the call must start with the hook's name"
-      refute_empty hook.where.to_s, name.to_s
+      assert hook.c || hook.ruby, "#{name}: names neither half"
+      assert File.exist?(File.expand_path("../ext/evt/#{hook.c}", __dir__)), "#{name}: no ext/evt/#{hook.c}" if hook.c
+      assert File.exist?(File.expand_path("../lib/evt/#{hook.ruby[/\S+/]}", __dir__)), "#{name}: no lib/evt/#{hook.ruby}" if hook.ruby
       assert_match(/\A\d\.\d\+\z/, hook.rubies, name.to_s)
     end
+  end
+
+  # Each hook's halves are where the entry says, on this Ruby: a method of the loop (Evt::Loop, in C;
+  # without the extension, the pure-Ruby loop) for `c`, of Evt::Scheduling for `ruby`.
+  def test_each_half_of_a_hook_is_where_the_entry_says
+    loop_modules = Evt::Loop.ancestors - Object.ancestors
+    series = RUBY_VERSION[/\A\d+\.\d+/]
+    Evt::HOOKS.each do |name, hook|
+      next if !Evt.extension? && Evt::RUBY_LOOP_LEAVES.include?(name)
+
+      in_loop = loop_modules.any? { |m| m.method_defined?(name, false) || m.private_method_defined?(name, false) }
+      assert_equal !hook.c.nil?, in_loop, "#{name}: the entry says the loop #{hook.c ? "has" : "has no"} half of it"
+      assert_equal hook.ruby_on?(series), Evt::Scheduling.method_defined?(name),
+                   "#{name}: the entry says Evt::Scheduling #{hook.ruby_on?(series) ? "has" : "has no"} half of it on Ruby #{series}"
+    end
+  end
+
+  def test_a_half_named_for_some_rubies_only
+    hook = Evt::Hook.new(call: "x", rubies: "3.3+", ruby: "scheduler.rb (3.3, 4.0)")
+    assert hook.ruby_on?("3.3")
+    assert hook.ruby_on?("4.0")
+    refute hook.ruby_on?("3.4")
+    refute Evt::Hook.new(call: "x", rubies: "3.3+", c: "io.c").ruby_on?("3.4")
+    assert_equal "C, io.c + scheduler.rb (3.3): how", Evt::Hook.new(call: "x", c: "io.c", ruby: "scheduler.rb (3.3)", note: "how").where
   end
 
   # The hooks this Ruby calls that exist in Fiber::Scheduler's documented interface: evt answers each.

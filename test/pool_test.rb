@@ -199,7 +199,7 @@ class PoolTest < Minitest::Test
   # Runs the block in a fiber of its own on a pool of one thread that holds completions long
   # (every operation counts as short), then closes the pool.
   def with_holding_pool
-    pool = Evt::WorkerPool.new(1, batch_delay: 30, hold_under: 30)
+    pool = Evt::BlockingPool.new(1, batch_delay: 30, hold_under: 30)
     evt { yield pool }
   ensure
     pool.close
@@ -249,7 +249,7 @@ class PoolTest < Minitest::Test
   def test_a_long_operations_fiber_is_woken_at_once
     log = Thread::Queue.new
     resumed = Thread::Queue.new
-    pool = Evt::WorkerPool.new(1, batch_delay: 30) # holds only what takes under WorkerPool::SHORT
+    pool = Evt::BlockingPool.new(1, batch_delay: 30) # holds only what takes under BlockingPool::SHORT
     evt do
       Fiber.schedule do
         pool.run(proc { sleep 0.01 }) # ends with two more queued, but took too long to be held

@@ -185,7 +185,7 @@ module Evt
     include ProcessWaiting
 
     # Hook (Ruby 3.4+): Ruby asks here to run a C function that would block the thread without the
-    # GVL (zlib, large IO::Buffer copies, big-integer division, file I/O): on the {WorkerPool}'s
+    # GVL (zlib, large IO::Buffer copies, big-integer division, file I/O): on the {BlockingPool}'s
     # threads, in parallel with the loop, while the calling fiber waits and the others run. With
     # pool_size 0, on this thread, as without a scheduler.
     # @param work [Proc, Fiber::Scheduler::BlockingOperation] called (or executed) once, on the
@@ -198,7 +198,7 @@ module Evt
       # (the IO#close wrappers set the flag).
       return Fiber.blocking { work.call } if @pool_size.zero? || Thread.current[:__evt_inline_offload]
 
-      (@pool ||= WorkerPool.new(@pool_size)).run(work)
+      (@pool ||= BlockingPool.new(@pool_size)).run(work)
     end
 
     # Hook (Ruby 4.0+), which Ruby calls when a signal arrives while a fiber runs a blocking

@@ -31,7 +31,7 @@ module Evt
   #
   # Threads start on first use, after a fork too (a child has none), and end with {#close}.
   # @api private
-  class WorkerPool
+  class BlockingPool
     # Raised in a worker thread to stop the operation of a fiber that no longer waits for it.
     class Cancel < Exception; end # rubocop:disable Lint/InheritException -- not for user rescue
 
