@@ -14,8 +14,8 @@ require "rbconfig"
 require "socket"
 require "timeout"
 require "tmpdir"
-require_relative "chart"
-require_relative "soak"
+require_relative "tools/chart"
+require_relative "servers/soak_server"
 
 module Bench
   # What each scenario declares in its file (bench/scenarios/), by name: its figure (lower is better:
@@ -141,7 +141,7 @@ module Bench
         o.on("--json FILE", "write the results here (bench/results/latest.json)") { |f| @options[:json] = File.expand_path(f) }
         o.on("--svg FILE", "write the chart here (bench/results/latest.svg)") { |f| @options[:svg] = File.expand_path(f) }
         o.on("--report FILE", "write the Markdown report here (beside the JSON: bench/results/latest.md);",
-             "ruby bench/report.rb FILE.json makes one from any results file") { |f| @options[:report] = File.expand_path(f) }
+             "ruby bench/tools/report.rb FILE.json makes one from any results file") { |f| @options[:report] = File.expand_path(f) }
         o.on("--only SCENARIO[,..]", Array, "scenarios: #{SCENARIOS.join(", ")} (all of them by default);",
              "falcon: Falcon and Itsi serving a Rack app (hello; sleep 1 ms) on io-event's selectors and evt's;",
              "rails: a Rails app (a 50 ms query; an instant answer) under Puma, and Falcon on io-event's and evt's;",

@@ -4,13 +4,13 @@ require "test_helper"
 require "json"
 require_relative "../bench/summary"
 
-# bin/bench's figures as data: the README's summary table is what bench/summary.rb makes from the
+# bin/bench's figures as data: the README's summary table is what bench/tools/summary.rb makes from the
 # JSON its marker names (so a figure edited by hand fails here), the Markdown report renders every
 # results file, and the summary picks the right rows. Nothing is measured: this reads saved JSON.
 class BenchSummaryTest < Minitest::Test
   ROOT = File.expand_path("..", __dir__)
   README = File.join(ROOT, "README.md")
-  FIX = "run `ruby bench/summary.rb --readme README.md`"
+  FIX = "run `ruby bench/tools/summary.rb --readme README.md`"
 
   # A run, by hand: a C row, two evt rows, two peers, and rows the summary must pass over.
   DOCUMENT = {

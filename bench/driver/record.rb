@@ -66,7 +66,7 @@ module Bench
   end
 
   # The Markdown report of the JSON just written (--report, or the JSON's path with .md), made from
-  # the file as a later `ruby bench/report.rb` would make it; +chart+: the SVG this run wrote, or
+  # the file as a later `ruby bench/tools/report.rb` would make it; +chart+: the SVG this run wrote, or
   # nil. A report that fails says so and costs nothing else. Returns the files written.
   def write_report(chart)
     path = @options[:report] || @options[:json].sub(/(\.json)?\z/, ".md")

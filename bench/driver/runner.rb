@@ -48,7 +48,7 @@ module Bench
   # A scenario script, pinned to CPU 0 unless it is about using every core; one that has not ended
   # within +limit+ seconds is killed (its process group with it) and fails its row.
   def script(name, subject, *arguments, pinned: true, limit: 600)
-    command = [*(pinned ? pin(0) : []), *ruby_for(subject), "bench/#{name}", subject, *arguments.map(&:to_s)]
+    command = [*(pinned ? pin(0) : []), *ruby_for(subject), "bench/scenarios/programs/#{name}", subject, *arguments.map(&:to_s)]
     out, err, status = Open3.popen3(bench_env, *command, chdir: ROOT, pgroup: true) do |stdin, stdout, stderr, waiter|
       stdin.close
       readers = [stdout, stderr].map { |io| Thread.new { io.read } }

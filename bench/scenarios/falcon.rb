@@ -14,7 +14,7 @@ module Bench
   # falcon: Rack servers on a fiber scheduler, with subjects of their own: Falcon on io-event's
   # selectors and on evt's (IO_EVENT_SELECTOR=Evt), and Itsi with async's scheduler and evt's.
   FALCON_SUBJECTS = %w[falcon-epoll falcon-uring falcon-evt falcon-evt-epoll itsi-async itsi-evt].freeze
-  # falcon's apps (bench/rack_apps.rb), a table each: name => title.
+  # falcon's apps (bench/servers/rack_apps.rb), a table each: name => title.
   FALCON_APPS = {"hello" => "hello", "sleep" => "sleep 1 ms"}.freeze
   # falcon: the rows each server's evt rows are compared with (the best of them).
   FALCON_BASELINES = {"falcon" => %w[falcon-epoll falcon-uring], "itsi" => %w[itsi-async]}.freeze
@@ -80,18 +80,18 @@ module Bench
     case subject
     when /\Afalcon-(epoll|uring)\z/
       selector = Regexp.last_match(1) == "epoll" ? "EPoll" : "URing"
-      [[*ruby, "-rbundler/setup", "bench/falcon_server.rb", app], {"IO_EVENT_SELECTOR" => selector},
+      [[*ruby, "-rbundler/setup", "bench/servers/falcon_server.rb", app], {"IO_EVENT_SELECTOR" => selector},
        /\A#<IO::Event::Selector::#{selector}\b/, "io-event's #{selector}"]
     when /\Afalcon-evt(?:-(\w+))?\z/
       # How an application switches: the selector's name, and evt/async loaded before async makes it.
       backend = Regexp.last_match(1)
       env = {"IO_EVENT_SELECTOR" => "Evt", "EVT_BACKEND" => backend,
              "RUBYOPT" => [ENV.fetch("RUBYOPT", nil), "-I#{ROOT}/lib", "-revt/async"].compact.join(" ")}
-      [[*ruby, "-rbundler/setup", "bench/falcon_server.rb", app], env, /\A#<Evt::Selector #{backend || "\\w+"}\b/,
+      [[*ruby, "-rbundler/setup", "bench/servers/falcon_server.rb", app], env, /\A#<Evt::Selector #{backend || "\\w+"}\b/,
        "Evt::Selector#{" on #{backend}" if backend}"]
     when /\Aitsi-(async|evt)\z/
       scheduler = Regexp.last_match(1) == "evt" ? "Evt::Scheduler" : "Async::Scheduler"
-      [[*ruby, "-rbundler/setup", "bench/itsi_server.rb", scheduler, app], {"EVT_BACKEND" => nil, "IO_EVENT_SELECTOR" => nil},
+      [[*ruby, "-rbundler/setup", "bench/servers/itsi_server.rb", scheduler, app], {"EVT_BACKEND" => nil, "IO_EVENT_SELECTOR" => nil},
        /\A#{scheduler}\z/, scheduler]
     end
   end

@@ -36,7 +36,7 @@ module Bench
   def http(subject, keepalive:)
     # One connection at a time cannot keep 100 keep-alive connections: the rest would starve.
     connections = %w[blocking fibers].include?(subject) && keepalive ? 1 : @connections
-    server = start_server(subject == "c-epoll" ? [@c_server] : [*ruby_for(subject), "bench/http_server.rb", subject])
+    server = start_server(subject == "c-epoll" ? [@c_server] : [*ruby_for(subject), "bench/servers/http_server.rb", subject])
     begin
       url = "http://127.0.0.1:#{server[:port]}/"
       headers = keepalive ? [] : ["-H", "Connection: close"]
@@ -58,7 +58,7 @@ module Bench
   def http_cpu(subject)
     workers = Integer(subject[/\d+\z/])
     kind = subject.start_with?("evt-ractors-") ? "ractors" : "processes"
-    server = start_server([*ruby, "bench/http_cpu_server.rb", workers.to_s, kind], pinned: false)
+    server = start_server([*ruby, "bench/servers/http_cpu_server.rb", workers.to_s, kind], pinned: false)
     begin
       url = "http://127.0.0.1:#{server[:port]}/"
       wrk(url, @connections, @size[:warmup], [])
@@ -79,7 +79,7 @@ module Bench
     log = File.join(ROOT, "tmp/bench/http-redis.#{subject}.stderr")
     FileUtils.mkdir_p(File.dirname(log))
     redis = start_redis
-    server = start_server([*ruby, "-rbundler/setup", "bench/http_redis_server.rb", subject, redis[:port].to_s, @redis_pool.to_s],
+    server = start_server([*ruby, "-rbundler/setup", "bench/servers/http_redis_server.rb", subject, redis[:port].to_s, @redis_pool.to_s],
                           err: log)
     url = "http://127.0.0.1:#{server[:port]}/"
     warmup = wrk(url, @connections, @size[:warmup], [])

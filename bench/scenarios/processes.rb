@@ -71,8 +71,8 @@ module Bench
     count = @size[:idle]
     log = File.join(ROOT, "tmp/bench/idle.#{subject}.stderr")
     FileUtils.mkdir_p(File.dirname(log))
-    server = start_server([*ruby_for(subject), "bench/idle_server.rb", subject, count.to_s], err: log)
-    client = IO.popen([*ruby, "bench/idle_client.rb", server[:port].to_s, count.to_s], "r+", chdir: ROOT, err: File::NULL)
+    server = start_server([*ruby_for(subject), "bench/servers/idle_server.rb", subject, count.to_s], err: log)
+    client = IO.popen([*ruby, "bench/clients/idle_client.rb", server[:port].to_s, count.to_s], "r+", chdir: ROOT, err: File::NULL)
     begin
       line = Timeout.timeout(120) { server[:stdout].gets }
       unless line&.start_with?("{")

@@ -44,7 +44,7 @@ module Bench
     names.map { |name| [name, nil] }
   end
 
-  # bench/soak.rb under both wrk loads, a row at the end of every interval: the server's counters,
+  # bench/servers/soak_server.rb under both wrk loads, a row at the end of every interval: the server's counters,
   # then its RSS, descriptors and CPU time from /proc. A server that dies or stops answering ends
   # the backend's soak with the reason and the start of its stderr; the rows so far stay.
   def soak(subject)
@@ -58,7 +58,7 @@ module Bench
     note soak_header
     server = nil
     begin
-      server = start_server([*ruby, "bench/soak.rb", subject], mode: "r+", err: log)
+      server = start_server([*ruby, "bench/servers/soak_server.rb", subject], mode: "r+", err: log)
       soak_rows(server, seconds, interval, figures)
     rescue Failure, Timeout::Error, SystemCallError, JSON::ParserError => e
       figures[:error] = soak_death(server, log) || e.message.lines.first.strip

@@ -9,7 +9,7 @@
 # as an error (the first few distinct ones are kept as samples), and a fiber that stops making
 # progress is reported as stalled.
 #
-#   ruby bench/soak.rb SUBJECT      (prints "listening on PORT" first)
+#   ruby bench/servers/soak_server.rb SUBJECT      (prints "listening on PORT" first)
 #
 # Then bin/bench talks to it on stdin and stdout, a line each way:
 #   sample  the fibers that open and close pipes stop where they hold the same ones every time,
@@ -20,7 +20,7 @@
 require "json"
 require "socket"
 require "timeout"
-require_relative "subject"
+require_relative "../subject"
 require_relative "http_handler"
 
 module Bench
@@ -92,7 +92,7 @@ module Bench
 
     # ---- the activities ---------------------------------------------------------------------
 
-    # Every connection on a fiber of its own, as bench/http_server.rb; requests counted as served.
+    # Every connection on a fiber of its own, as bench/servers/http_server.rb; requests counted as served.
     def http
       loop do
         client = @server.accept

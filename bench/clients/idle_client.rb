@@ -3,7 +3,7 @@
 # idle-connections, the client side: opens COUNT connections to PORT, prints "connected", and keeps
 # them open until its standard input closes.
 #
-#   ruby bench/idle_client.rb PORT COUNT
+#   ruby bench/clients/idle_client.rb PORT COUNT
 require "socket"
 
 port = Integer(ARGV.fetch(0))

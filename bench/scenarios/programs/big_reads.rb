@@ -5,12 +5,12 @@
 # same process on the same scheduler (a fiber per connection, the body sent with one write). Prints
 # {"seconds", "cpu_seconds"} as JSON; the CPU counts client and server alike.
 #
-#   ruby bench/big_reads.rb SUBJECT [CLIENTS] [ROUNDS]
+#   ruby bench/scenarios/programs/big_reads.rb SUBJECT [CLIENTS] [ROUNDS]
 require "json"
 require "net/http"
 require "socket"
-require_relative "http_handler"
-require_relative "subject"
+require_relative "../../servers/http_handler"
+require_relative "../../subject"
 
 subject = ARGV.fetch(0)
 clients = Integer(ARGV.fetch(1, "20"))

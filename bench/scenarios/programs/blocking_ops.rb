@@ -5,7 +5,7 @@
 # blocking_operation_wait, and the pool's threads deflate in parallel); or, for reference, as many
 # Ruby threads, no scheduler (zlib releases the GVL). Prints {"seconds", "cpu_seconds"} as JSON.
 #
-#   ruby bench/blocking_ops.rb evt-pool-off|evt-pool-on|threads [FIBERS] [MIB]
+#   ruby bench/scenarios/programs/blocking_ops.rb evt-pool-off|evt-pool-on|threads [FIBERS] [MIB]
 require "json"
 require "zlib"
 require "etc"

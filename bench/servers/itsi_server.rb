@@ -1,10 +1,10 @@
 # frozen_string_literal: true
 
 # The falcon scenario's itsi-* servers: Itsi (the itsi-server gem, a Rack server written in Rust)
-# run as its users run it, the `itsi` command with an Itsi.rb (bench/itsi_config.rb), serving one of
-# bench/rack_apps.rb's apps with one worker process, one thread and a fiber scheduler.
+# run as its users run it, the `itsi` command with an Itsi.rb (bench/servers/itsi_config.rb), serving one of
+# bench/servers/rack_apps.rb's apps with one worker process, one thread and a fiber scheduler.
 #
-#   ruby -rbundler/setup bench/itsi_server.rb SCHEDULER APP      (Evt::Scheduler or Async::Scheduler)
+#   ruby -rbundler/setup bench/servers/itsi_server.rb SCHEDULER APP      (Evt::Scheduler or Async::Scheduler)
 #
 # Prints "listening on PORT (scheduler ...)" once Itsi's after_start hook says it is up, then waits for
 # Itsi and ends as it ends. Itsi's own output (it logs to stdout) goes to this script's stderr. Itsi
@@ -19,9 +19,9 @@ START_LIMIT = 30 # seconds
 
 itsi = Gem.bin_path("itsi-server", "itsi")
 config = File.expand_path("itsi_config.rb", __dir__)
-evt_lib = File.expand_path("../lib", __dir__)
+evt_lib = File.expand_path("../../lib", __dir__)
 # Where Itsi runs: it writes its pid file (.itsi.pid) there.
-workdir = File.expand_path("../tmp/bench", __dir__)
+workdir = File.expand_path("../../tmp/bench", __dir__)
 FileUtils.mkdir_p(workdir)
 
 pid = nil

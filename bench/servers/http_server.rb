@@ -2,11 +2,11 @@
 
 # The HTTP server every Ruby subject of bin/bench runs, with the shared handler (http_handler.rb).
 #
-#   ruby bench/http_server.rb SUBJECT
+#   ruby bench/servers/http_server.rb SUBJECT
 #
 # Prints "listening on PORT" once it accepts connections on 127.0.0.1 (a port the kernel chose).
 require "socket"
-require_relative "subject"
+require_relative "../subject"
 require_relative "http_handler"
 
 subject = ARGV.fetch(0) { abort "usage: http_server.rb SUBJECT (evt-<backend>, async-<selector>, blocking, fibers, threads)" }

@@ -13,12 +13,12 @@
 # `threads` runs both sides as plain threads. Prints {"seconds", "cpu_seconds",
 # "downloads_per_s"} as JSON; the CPU counts both sides.
 #
-#   ruby bench/threads_beside.rb SUBJECT ROLE [CLIENTS] [ROUNDS]
+#   ruby bench/scenarios/programs/threads_beside.rb SUBJECT ROLE [CLIENTS] [ROUNDS]
 require "json"
 require "net/http"
 require "socket"
-require_relative "http_handler"
-require_relative "subject"
+require_relative "../../servers/http_handler"
+require_relative "../../subject"
 
 subject = ARGV.fetch(0)
 role = ARGV.fetch(1)

@@ -8,11 +8,11 @@
 # connection, ROUNDS requests after one to warm up). Prints {"split_ms", "joined_ms"}: the mean
 # round trip of each, as JSON.
 #
-#   ruby bench/write_pieces.rb SUBJECT [ROUNDS]
+#   ruby bench/scenarios/programs/write_pieces.rb SUBJECT [ROUNDS]
 require "json"
 require "net/http"
 require "socket"
-require_relative "subject"
+require_relative "../../subject"
 
 subject = ARGV.fetch(0)
 rounds = Integer(ARGV.fetch(1, "50"))

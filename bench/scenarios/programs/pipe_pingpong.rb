@@ -4,9 +4,9 @@
 # all at once (fibers, or threads for `threads`; `blocking` takes the pairs one after another,
 # alternating a write and a read). Prints {"seconds", "cpu_seconds"} as JSON.
 #
-#   ruby bench/pipe_pingpong.rb SUBJECT [PAIRS] [MESSAGES]
+#   ruby bench/scenarios/programs/pipe_pingpong.rb SUBJECT [PAIRS] [MESSAGES]
 require "json"
-require_relative "subject"
+require_relative "../../subject"
 
 subject = ARGV.fetch(0)
 pairs = Integer(ARGV.fetch(1, "50"))

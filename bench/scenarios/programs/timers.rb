@@ -6,9 +6,9 @@
 # Prints {"seconds", "cpu_seconds", "rss_mb" (peak), "late_us" (median), "late_p99_us", "idle_cpu_pct"}
 # as JSON.
 #
-#   ruby bench/timers.rb SUBJECT [FIBERS]
+#   ruby bench/scenarios/programs/timers.rb SUBJECT [FIBERS]
 require "json"
-require_relative "subject"
+require_relative "../../subject"
 
 LATENESS_DELAYS = [0.001, 0.002, 0.005].freeze
 LATENESS_ROUNDS = 100

@@ -4,7 +4,7 @@
 # costing about 0.5 ms of Ruby work before the fixed response; worker processes, or with `ractors`
 # Ractors of one process.
 #
-#   ruby bench/http_cpu_server.rb WORKERS [processes|ractors]
+#   ruby bench/servers/http_cpu_server.rb WORKERS [processes|ractors]
 #
 # Prints "listening on PORT" once it accepts connections on 127.0.0.1.
 require "socket"

@@ -1,12 +1,12 @@
 # frozen_string_literal: true
 
-# The falcon scenario's server: Falcon serving one of bench/rack_apps.rb's apps in this one process,
+# The falcon scenario's server: Falcon serving one of bench/servers/rack_apps.rb's apps in this one process,
 # on one thread, with no supervisor. It is what a `falcon serve` worker runs (Falcon::Server with
 # the middleware `falcon serve` builds, cache and verbose off, over HTTP/1.1 without TLS) minus the
 # async-container controller that forks it.
 #
-#   IO_EVENT_SELECTOR=EPoll|URing ruby -rbundler/setup bench/falcon_server.rb APP
-#   IO_EVENT_SELECTOR=Evt RUBYOPT="-I<evt>/lib -revt/async" ruby -rbundler/setup bench/falcon_server.rb APP
+#   IO_EVENT_SELECTOR=EPoll|URing ruby -rbundler/setup bench/servers/falcon_server.rb APP
+#   IO_EVENT_SELECTOR=Evt RUBYOPT="-I<evt>/lib -revt/async" ruby -rbundler/setup bench/servers/falcon_server.rb APP
 #
 # The selector comes from IO_EVENT_SELECTOR, as in any async application (io-event's
 # IO::Event::Selector.new reads it), and evt's the way an application switches to it: RUBYOPT

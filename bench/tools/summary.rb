@@ -7,10 +7,10 @@
 # rows; none for blocking-ops and http-cpu, which compare evt with itself), evt's best over the best
 # peer's and over C's. For falcon and rails: evt's best falcon-evt-* row against the best of
 # falcon-epoll and falcon-uring, per app. A line under the table names the file, Ruby, YJIT, date
-# and command, and links the full report (the .md beside the JSON, bench/report.rb).
+# and command, and links the full report (the .md beside the JSON, bench/tools/report.rb).
 #
-#   ruby bench/summary.rb FILE.json                    the table, on stdout
-#   ruby bench/summary.rb [FILE.json] --readme README.md
+#   ruby bench/tools/summary.rb FILE.json                    the table, on stdout
+#   ruby bench/tools/summary.rb [FILE.json] --readme README.md
 #
 # With --readme, the text between a line `<!-- bench-summary: PATH/TO/FILE.json -->` and the next
 # `<!-- /bench-summary -->` is replaced with the summary of PATH/TO/FILE.json (relative to the
@@ -18,7 +18,7 @@
 # name one of them). Updating the README's figures is this command, not an edit:
 # test/bench_summary_test.rb fails when a block differs from what this command makes.
 require "json"
-require_relative "bench"
+require_relative "../bench"
 
 module Bench
   class Summary
@@ -31,7 +31,7 @@ module Bench
     IO_EVENT_FALCON = %w[falcon-epoll falcon-uring].freeze
     UNITS = {cpu_us_per_req: "CPU µs/req", seconds: "s", cpu_seconds: "CPU s", split_ms: "ms per round trip",
              rss_mb: "RSS MB", close_avg_us: "µs per close, largest N"}.freeze
-    FIX = "run `ruby bench/summary.rb --readme README.md`"
+    FIX = "run `ruby bench/tools/summary.rb --readme README.md`"
 
     # +document+: the results file parsed with symbolize_names; +path+: its path as the summary names
     # it (the report's is the same with .md).
@@ -226,7 +226,7 @@ module Bench
 
   # The command line (see the top of this file).
   module SummaryCommand
-    USAGE = "usage: ruby bench/summary.rb FILE.json | ruby bench/summary.rb [FILE.json] --readme README.md"
+    USAGE = "usage: ruby bench/tools/summary.rb FILE.json | ruby bench/tools/summary.rb [FILE.json] --readme README.md"
 
     def self.call(argv)
       readme = nil
@@ -250,11 +250,11 @@ module Bench
       File.write(readme, updated) unless updated == text
       Summary.blocks(updated).reject { |part| part.is_a?(String) }.each do |path, _|
         report = File.expand_path(path.sub(/(\.json)?\z/, ".md"), base)
-        warn "bench/summary.rb: #{path}'s report is missing: ruby bench/report.rb #{path}" unless File.exist?(report)
+        warn "bench/tools/summary.rb: #{path}'s report is missing: ruby bench/tools/report.rb #{path}" unless File.exist?(report)
       end
       puts updated == text ? "#{readme}: the summary was already up to date" : "#{readme}: summary updated"
     rescue ArgumentError, SystemCallError, JSON::ParserError => e
-      abort "bench/summary.rb: #{e.message}"
+      abort "bench/tools/summary.rb: #{e.message}"
     end
   end
 end

@@ -7,9 +7,9 @@
 # round stops waiting after a second and says so.
 # Prints {"n", "close_avg_us", "woken", "rounds", "hang"} as JSON.
 #
-#   ruby bench/close_waiters.rb SUBJECT N
+#   ruby bench/scenarios/programs/close_waiters.rb SUBJECT N
 require "json"
-require_relative "subject"
+require_relative "../../subject"
 
 subject = ARGV.fetch(0)
 count = Integer(ARGV.fetch(1, "1000"))

@@ -5,9 +5,9 @@
 # lower is better; req/s too for the HTTP scenarios). Nothing is measured here: the figures are the
 # files', each a median of its own run's --repeat.
 #
-#   ruby bench/compare.rb LABEL=FILE [LABEL=FILE ...] [--scenarios NAME,..] [--subjects NAME,..]
+#   ruby bench/tools/compare.rb LABEL=FILE [LABEL=FILE ...] [--scenarios NAME,..] [--subjects NAME,..]
 require "json"
-require_relative "bench"
+require_relative "../bench"
 
 module Bench
   class Compare
@@ -25,7 +25,7 @@ module Bench
         when /\A([^=]+)=(.+)\z/ then @files << [Regexp.last_match(1), JSON.parse(File.read(Regexp.last_match(2)))]
         end
       end
-      abort "usage: ruby bench/compare.rb LABEL=FILE [LABEL=FILE ...] [--scenarios a,b] [--subjects a,b]" if @files.empty?
+      abort "usage: ruby bench/tools/compare.rb LABEL=FILE [LABEL=FILE ...] [--scenarios a,b] [--subjects a,b]" if @files.empty?
     end
 
     def call

@@ -14,10 +14,10 @@
 # Prints {"seconds", "cpu_seconds", "idle_cpu_pct", "<part>_s" for each part} as JSON; idle CPU %
 # is CPU time over wall time, which is nearly all waiting here.
 #
-#   ruby bench/sleep_fanout.rb SUBJECT [SCALE]
+#   ruby bench/scenarios/programs/sleep_fanout.rb SUBJECT [SCALE]
 require "json"
 require "timeout"
-require_relative "subject"
+require_relative "../../subject"
 
 subject = ARGV.fetch(0)
 scale = Integer(ARGV.fetch(1, "5"))

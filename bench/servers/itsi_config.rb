@@ -1,9 +1,9 @@
 # frozen_string_literal: true
 
 # Itsi's configuration (an Itsi.rb) for the falcon scenario's itsi-* subjects, filled in by
-# bench/itsi_server.rb through the environment: one process (workers 1), one Ruby thread, the fiber
+# bench/servers/itsi_server.rb through the environment: one process (workers 1), one Ruby thread, the fiber
 # scheduler named by BENCH_ITSI_SCHEDULER (Evt::Scheduler or Async::Scheduler), one of
-# bench/rack_apps.rb's apps (BENCH_ITSI_APP).
+# bench/servers/rack_apps.rb's apps (BENCH_ITSI_APP).
 require_relative "rack_apps"
 scheduler = ENV.fetch("BENCH_ITSI_SCHEDULER")
 require scheduler.start_with?("Evt::") ? "evt" : "async"
@@ -18,7 +18,7 @@ log_level :warn
 ruby_thread_request_backlog_size 1024
 run Bench::RackApps.fetch(ENV.fetch("BENCH_ITSI_APP"))
 
-# Tells bench/itsi_server.rb that the listener is bound, and on which scheduler the requests run.
+# Tells bench/servers/itsi_server.rb that the listener is bound, and on which scheduler the requests run.
 after_start do
   ready = IO.for_fd(Integer(ENV.fetch("BENCH_ITSI_READY_FD")), autoclose: true)
   ready.puts(scheduler)

@@ -3,14 +3,14 @@
 # http-redis's server: the original evt's second benchmark. Each request's handler reads one key
 # from a real redis-server through a redis-client connection pool and answers with its value.
 #
-#   ruby -rbundler/setup bench/http_redis_server.rb SUBJECT REDIS_PORT POOL
+#   ruby -rbundler/setup bench/servers/http_redis_server.rb SUBJECT REDIS_PORT POOL
 #
 # SUBJECT as for http_server.rb (a fiber per connection; `threads`: a thread per connection).
 # Prints "listening on PORT" once it accepts connections on 127.0.0.1. A request whose GET fails
 # ends its connection (wrk counts it as an error) and the error goes to stderr.
 require "socket"
 require "redis-client"
-require_relative "subject"
+require_relative "../subject"
 require_relative "http_handler"
 
 KEY = "evt:bench:greeting"

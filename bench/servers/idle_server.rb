@@ -3,10 +3,10 @@
 # idle-connections, the server side: accepts COUNT connections and leaves a fiber (or a thread, for
 # `threads`) waiting to read on each; once all wait, prints {"rss_mb"} as JSON and exits.
 #
-#   ruby bench/idle_server.rb SUBJECT COUNT     (prints "listening on PORT" first)
+#   ruby bench/servers/idle_server.rb SUBJECT COUNT     (prints "listening on PORT" first)
 require "json"
 require "socket"
-require_relative "subject"
+require_relative "../subject"
 
 subject = ARGV.fetch(0)
 count = Integer(ARGV.fetch(1))

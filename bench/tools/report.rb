@@ -7,15 +7,15 @@
 # What an older file did not record, the report says so. The chart is linked when the SVG of the
 # same name lies beside the JSON.
 #
-#   ruby bench/report.rb FILE.json [OUT.md]     (OUT.md: FILE.md beside the JSON)
-#   for f in bench/results/*.json; do ruby bench/report.rb "$f"; done
+#   ruby bench/tools/report.rb FILE.json [OUT.md]     (OUT.md: FILE.md beside the JSON)
+#   for f in bench/results/*.json; do ruby bench/tools/report.rb "$f"; done
 require "json"
-require_relative "bench"
+require_relative "../bench"
 
 module Bench
   # The command line: reads the JSON, writes the report, prints its path.
   module ReportCommand
-    USAGE = "usage: ruby bench/report.rb FILE.json [OUT.md]"
+    USAGE = "usage: ruby bench/tools/report.rb FILE.json [OUT.md]"
 
     def self.call(argv)
       abort USAGE unless (1..2).cover?(argv.size) && argv.none? { |a| a.start_with?("-") }
@@ -27,7 +27,7 @@ module Bench
       File.write(out, Markdown.new(document, chart: chart, source: Markdown.link(out, json)).to_s)
       puts out
     rescue SystemCallError, JSON::ParserError, KeyError => e
-      abort "bench/report.rb: #{json}: #{e.message}"
+      abort "bench/tools/report.rb: #{json}: #{e.message}"
     end
   end
 end

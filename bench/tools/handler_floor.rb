@@ -1,14 +1,14 @@
 # frozen_string_literal: true
 
-# The Ruby work of bench/http_handler.rb per keep-alive request, with no network and no scheduler:
+# The Ruby work of bench/servers/http_handler.rb per keep-alive request, with no network and no scheduler:
 # the request's lines read with gets from a socket's buffered data, the header check, the response
 # written to a StringIO (no system call counted). CPU µs per request: the part of http-keepalive's
 # figure that the C server, which parses nothing, does not pay.
 #
-#   ruby [--yjit] bench/handler_floor.rb [REQUESTS]
+#   ruby [--yjit] bench/tools/handler_floor.rb [REQUESTS]
 require "socket"
 require "stringio"
-require_relative "http_handler"
+require_relative "../servers/http_handler"
 REQ = "GET / HTTP/1.1\r\nHost: 127.0.0.1:40000\r\n\r\n" # wrk's request
 N = Integer(ARGV[0] || 2_000_000)
 BATCH = 200

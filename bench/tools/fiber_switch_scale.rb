@@ -6,7 +6,7 @@
 # switch lands on a stack the CPU's caches no longer hold, which is part of what every fiber
 # scheduler pays per request at 8,192 connections and a server of callbacks does not.
 #
-#   ruby [--yjit] bench/fiber_switch_scale.rb [N ...]   (default 100 1000 8192)
+#   ruby [--yjit] bench/tools/fiber_switch_scale.rb [N ...]   (default 100 1000 8192)
 sizes = ARGV.empty? ? [100, 1000, 8192] : ARGV.map { |n| Integer(n) }
 deep = ->(depth) { depth.zero? ? Fiber.yield : deep.call(depth - 1) }
 sizes.each do |n|
