@@ -54,9 +54,12 @@ module EvtTest
             FileUtils.chmod(0o700, dir)
           end
           run_as(user, File.join(POSTGRES_BIN, "initdb"), "-D", data, "-U", "evt", "-A", "trust", "--no-sync")
+          # It listens before it takes connections ("the database system is starting up"):
+          # ready once pg_isready says it accepts them.
+          ready = -> { system(File.join(POSTGRES_BIN, "pg_isready"), "-q", "-h", "127.0.0.1", "-p", port.to_s) }
           [[*as(user), File.join(POSTGRES_BIN, "postgres"), "-D", data, "-p", port.to_s, "-k", dir,
             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
-            "-c", "full_page_writes=off", "-c", "max_connections=200"]]
+            "-c", "full_page_writes=off", "-c", "max_connections=200"], ready]
         end
       end
 
@@ -70,12 +73,12 @@ module EvtTest
 
           dir = Dir.mktmpdir("evt-#{name}-")
           port = free_port
-          command, = yield(port, dir)
+          command, ready = yield(port, dir)
           log = File.join(dir, "server.log")
           pid = Process.spawn(SERVER_ENV, *command, in: File::NULL, out: log, err: log, pgroup: true)
           server = Server.new(name: name, port: port, pid: pid, dir: dir)
           @servers[name] = server
-          wait_until_listening(server, log)
+          wait_until_listening(server, log, ready)
           server
         end
       end
@@ -91,12 +94,13 @@ module EvtTest
         server&.close
       end
 
-      def wait_until_listening(server, log)
+      # Until the server takes connections on its port (and `ready`, if given, says it serves them).
+      def wait_until_listening(server, log, ready = nil)
         deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + START_TIMEOUT
         loop do
           begin
             TCPSocket.new("127.0.0.1", server.port).close
-            return
+            return if ready.nil? || ready.call
           rescue SystemCallError
             nil
           end
