@@ -2,7 +2,7 @@
 
 require "test_helper"
 require "json"
-require_relative "../bench/summary"
+require_relative "../bench/tools/summary"
 
 # bin/bench's figures as data: the README's summary table is what bench/tools/summary.rb makes from the
 # JSON its marker names (so a figure edited by hand fails here), the Markdown report renders every

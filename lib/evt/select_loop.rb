@@ -322,27 +322,28 @@ module Evt
       @ready << Waiter.new(switcher, :ready, nil, nil, nil, false, true)
     end
 
-    def wait_io(io, events, timeout)
+    # The block's first value that is not nil, given what is left of `timeout` ns each time: a wait
+    # ended for nothing (a yield, a readiness that was gone) waits again for the rest.
+    def until_done(timeout)
       deadline = timeout && (now + timeout)
-      while true # rubocop:disable Style/InfiniteLoop
-        result = suspend(timeout: timeout, watches: [[io, events]])
+      while (result = yield(timeout)).nil?
+        timeout = [deadline - now, 0].max if deadline
+      end
+      result
+    end
+
+    def wait_io(io, events, timeout)
+      until_done(timeout) do |left|
+        result = suspend(timeout: left, watches: [[io, events]])
         # Made ready, then closed by a fiber that ran first: closed under the wait all the same.
         raise IOError, "stream closed in another thread" if result == :closed || (result.is_a?(Integer) && io.closed?)
-        return result unless result.nil?
 
-        timeout = [deadline - now, 0].max if deadline
+        result
       end
     end
 
     def block_fiber(timeout)
-      deadline = timeout && (now + timeout)
-      while true # rubocop:disable Style/InfiniteLoop
-        case suspend(timeout: timeout, unblockable: true)
-        when :unblocked then return true
-        when :timed_out then return false
-        end
-        timeout = [deadline - now, 0].max if deadline
-      end
+      until_done(timeout) { |left| { unblocked: true, timed_out: false }[suspend(timeout: left, unblockable: true)] }
     end
 
     # ---- running -------------------------------------------------------------------------------
@@ -587,19 +588,16 @@ module Evt
       result = select_now(readables, writables, exceptables) # validates as IO.select does
       return result if result || timeout&.zero?
 
-      deadline = timeout && (now + timeout)
       watches = [[readables, IO::READABLE], [writables, IO::WRITABLE], [exceptables, IO::PRIORITY]]
                 .flat_map { |ios, events| (ios || []).map { |object| [object.to_io, events] } }
-      while true # rubocop:disable Style/InfiniteLoop
+      until_done(timeout) do |left|
         # Nothing to watch and no time limit: sleeps until interrupted.
-        outcome = suspend(timeout: timeout, watches: watches, unblockable: watches.empty? && timeout.nil?)
+        outcome = suspend(timeout: left, watches: watches, unblockable: watches.empty? && left.nil?)
         raise IOError, "stream closed in another thread" if outcome == :closed
 
         result = select_now(readables, writables, exceptables)
-        return result if result || outcome == :timed_out
-
-        timeout = [deadline - now, 0].max if deadline
-      end
+        result || (outcome == :timed_out ? false : nil)
+      end || nil
     end
 
     # (see Evt::Loop#kernel_sleep)
