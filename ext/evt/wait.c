@@ -5,7 +5,6 @@
 #include "core.h"
 #include "registration.h"
 #include "waiter.h"
-#include "object.h"
 #include "close.h"
 #include "loop.h"
 #include "wait.h"
@@ -75,6 +74,8 @@ evt_wait_op(struct evt_wait *wait, struct evt_loop *loop, VALUE io, struct evt_o
     wait->as.op.buffer = buffer;
 }
 
+/* ---- running a wait: the one way into the loop from a hook ------------------------------------- */
+
 /* A fiber left evt without the loop resuming it: some other fiber switched to it (Fiber#raise,
  * Fiber#kill), and that fiber is itself suspended in no queue. When the unwound fiber waits again or
  * ends, control goes to the loop fiber, so the one that switched must wait in the ready queue or it
@@ -94,8 +95,6 @@ ready_the_switcher(struct evt_loop *loop, VALUE unwound)
     loop->waiting++;
     evt_waiter_ready(loop, w);
 }
-
-/* ---- running a wait: the one way into the loop from a hook ------------------------------------- */
 
 /* Nothing to watch and no time limit: IO.select sleeps until interrupted; a block until unblock. */
 static void
