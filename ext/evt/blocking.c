@@ -1,4 +1,4 @@
-/* Ruby 4.0's BlockingOperation, for Evt::WorkerPool (lib/evt/worker_pool.rb): the C function Ruby
+/* Ruby 4.0's BlockingOperation, for Evt::BlockingPool (lib/evt/blocking_pool.rb): the C function Ruby
  * hands blocking_operation_wait, run on a worker thread without the GVL, and cancelled from the loop's
  * thread through Ruby's own C API (extract, execute, cancel), whose atomic state says at once
  * whether the operation ran, runs or never will. Ruby 3.4 hands a Proc instead, which the pool calls.

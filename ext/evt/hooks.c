@@ -1,6 +1,6 @@
 /* The scheduler hooks besides the IO transfers (io.c), built on the core (loop.c): io_select,
  * kernel_sleep, block, unblock, timeout_after, the helpers of process_wait, and Ruby 4.0's io_close and
- * fiber_interrupt. Evt::HOOKS (lib/evt/hooks.rb) lists every hook and where it lives. */
+ * fiber_interrupt. Evt::HOOKS (lib/evt/hook_table.rb) lists every hook and where it lives. */
 #include "core.h"
 #include "registration.h"
 #include "waiter.h"

@@ -353,7 +353,7 @@ wait_in_kernel(struct evt_loop *loop, int64_t timeout)
         wait.result = loop->kernel.backend->wait(&loop->kernel, 0);
     }
     else {
-        loop->kernel.woken = 0; /* under the GVL, as every evt_loop_wake */
+        loop->kernel.woken = 0; /* under the GVL, as every evt_core_wake */
         __atomic_store_n(&loop->kernel.blocked, 1, __ATOMIC_SEQ_CST);
         /* RB_NOGVL_INTR_FAIL: no interrupt check on the way out, where an exception would lose the
          * events just taken from the kernel; check_interrupts comes after dispatch. */

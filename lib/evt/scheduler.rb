@@ -133,7 +133,7 @@ module Evt
       size
     end
 
-    # The hooks themselves: Evt::HOOKS (lib/evt/hooks.rb) lists each, with where it lives.
+    # The hooks themselves: Evt::HOOKS (lib/evt/hook_table.rb) lists each, with where it lives.
 
     # Hook (Fiber.schedule): runs the block at once in a new non-blocking fiber, until it waits or
     # ends.
