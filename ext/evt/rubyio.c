@@ -1,5 +1,5 @@
-/* Ruby's IO internals: the one place evt reads rb_io_t's fields (public in Ruby 3.3 and 3.4,
- * deprecated in 4.0 with nothing public in their place yet). */
+/* Ruby's IO internals: with the inline helpers of rubyio.h, the one place evt reads rb_io_t's fields
+ * (public in Ruby 3.3 and 3.4, deprecated in 4.0 with nothing public in their place yet). */
 #include "rubyio.h"
 
 #include <ruby/encoding.h>
@@ -7,65 +7,38 @@
 
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* rb_io_t's fields: this file's whole job */
 
-static rb_io_t *
-fptr_of(VALUE io)
-{
-    return RB_TYPE_P(io, T_FILE) ? RFILE(io)->fptr : NULL;
-}
-
-int
-evt_rubyio_closed(VALUE io)
-{
-    rb_io_t *fptr = fptr_of(io);
-    return !fptr || fptr->fd < 0;
-}
-
-int
-evt_rubyio_fd(VALUE io)
-{
-    rb_io_t *fptr = fptr_of(io);
-    return fptr ? fptr->fd : -1;
-}
-
 void
 evt_rubyio_check_closed(VALUE io)
 {
-    rb_io_t *fptr = fptr_of(io);
+    rb_io_t *fptr = evt_rubyio_fptr(io);
     if (fptr) rb_io_check_closed(fptr);
 }
 
 int
 evt_rubyio_read_pending(VALUE io)
 {
-    rb_io_t *fptr = fptr_of(io);
+    rb_io_t *fptr = evt_rubyio_fptr(io);
     return fptr && rb_io_read_pending(fptr);
-}
-
-int
-evt_rubyio_is_read_buffer(VALUE io, const void *base)
-{
-    rb_io_t *fptr = fptr_of(io);
-    return fptr && fptr->rbuf.ptr == base;
 }
 
 VALUE
 evt_rubyio_write_io(VALUE io)
 {
-    rb_io_t *fptr = fptr_of(io);
+    rb_io_t *fptr = evt_rubyio_fptr(io);
     return fptr && fptr->tied_io_for_writing ? fptr->tied_io_for_writing : Qnil;
 }
 
 int
 evt_rubyio_mode(VALUE io)
 {
-    rb_io_t *fptr = fptr_of(io);
+    rb_io_t *fptr = evt_rubyio_fptr(io);
     return fptr ? fptr->mode : 0;
 }
 
 int
 evt_rubyio_writes_as_is(VALUE io)
 {
-    rb_io_t *fptr = fptr_of(io);
+    rb_io_t *fptr = evt_rubyio_fptr(io);
     if (!fptr || !(fptr->mode & FMODE_SYNC) || fptr->wbuf.len) return 0;
     if (fptr->encs.enc && fptr->encs.enc != rb_ascii8bit_encoding()) return 0;
     if (fptr->encs.ecflags & (ECONV_DECORATOR_MASK | ECONV_STATEFUL_DECORATOR_MASK)) return 0;
@@ -76,7 +49,7 @@ evt_rubyio_writes_as_is(VALUE io)
 static rb_io_buffer_t *
 buffer_of(VALUE io, enum evt_rubyio_buffer which)
 {
-    rb_io_t *fptr = fptr_of(io);
+    rb_io_t *fptr = evt_rubyio_fptr(io);
     if (!fptr) return NULL;
     return which == EVT_RUBYIO_READ_BUFFER ? &fptr->rbuf : &fptr->wbuf;
 }
