@@ -56,7 +56,9 @@ module EvtTest
           run_as(user, File.join(POSTGRES_BIN, "initdb"), "-D", data, "-U", "evt", "-A", "trust", "--no-sync")
           # It listens before it takes connections ("the database system is starting up"):
           # ready once pg_isready says it accepts them.
-          ready = -> { system(File.join(POSTGRES_BIN, "pg_isready"), "-q", "-h", "127.0.0.1", "-p", port.to_s) }
+          # (SERVER_ENV: under bin/test --asan, libasan preloaded into pg_isready hangs it.)
+          pg_isready = File.join(POSTGRES_BIN, "pg_isready")
+          ready = -> { system(SERVER_ENV, pg_isready, "-q", "-t", "2", "-h", "127.0.0.1", "-p", port.to_s) }
           [[*as(user), File.join(POSTGRES_BIN, "postgres"), "-D", data, "-p", port.to_s, "-k", dir,
             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
             "-c", "full_page_writes=off", "-c", "max_connections=200"], ready]
