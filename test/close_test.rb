@@ -241,6 +241,26 @@ class CloseTest < Minitest::Test
     [w, b].each { |io| io&.close }
   end
 
+  # The closer is the thread's own blocking fiber, not a scheduled one: the waiters raise when the
+  # thread next lets the loop run, and the close does not wait for them forever (Ruby 4.0 waits for
+  # the fibers it interrupts; the loop must run them first).
+  def test_close_from_the_thread_s_own_blocking_fiber
+    r, w = IO.pipe
+    outcomes = []
+    thread = Thread.new do
+      Fiber.set_scheduler(Evt::Scheduler.new)
+      2.times { Fiber.schedule { r.read(1) rescue outcomes << $! } }
+      r.close
+      :closed
+    end
+    assert thread.join(10), "the close, or the waiters, never ended"
+    assert_equal :closed, thread.value
+    assert_equal 2, outcomes.size
+    assert_closed_under(outcomes)
+  ensure
+    w&.close
+  end
+
   def test_close_from_a_fiber_of_another_scheduler
     r, w = IO.pipe
     started = Thread::Queue.new

@@ -122,6 +122,30 @@ class FiberTest < Minitest::Test
     assert finished
   end
 
+  # Closing the scheduler of a thread that ends with an exception, the loop meets an error of its
+  # own and rescues it (select(2) on a descriptor closed under its IO, by IO.for_fd's twin, which
+  # docs/behaviour.md says leaves the waiters on the original alone): the thread's exception is kept
+  # all the same, for Thread#join to raise.
+  def test_an_error_the_loop_rescues_at_close_keeps_the_thread_s_exception
+    outcome = :never_ended
+    thread = Thread.new do
+      Thread.current.report_on_exception = false
+      Fiber.set_scheduler(Evt::Scheduler.new)
+      r, = IO.pipe
+      Fiber.schedule do
+        outcome = r.wait_readable(1) # woken (select, poll, io_uring meet EBADF) or timed out (epoll)
+      rescue IOError, SystemCallError => e
+        outcome = e
+      end
+      r.autoclose = false # its number may be another file's by the time r is collected
+      IO.for_fd(r.fileno, autoclose: true).close # r's descriptor, closed under it
+      raise ArgumentError, "the thread's own"
+    end
+    error = assert_raises(ArgumentError) { thread.join(10) }
+    assert_equal "the thread's own", error.message
+    refute_equal :never_ended, outcome, "the fiber waiting on the closed descriptor did not end"
+  end
+
   def test_report_on_exception_false_keeps_quiet
     _, err = capture_io do
       Thread.current.report_on_exception = false

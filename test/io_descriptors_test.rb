@@ -27,6 +27,32 @@ class IODescriptorsTest < Minitest::Test
     end
   end
 
+  # A descriptor closed under its IO, by an IO.for_fd twin (whose close leaves the waiters on the
+  # original alone, docs/behaviour.md): the loop does not spin while the wait lasts, whether the
+  # backend reports the dead descriptor (its waiter then meets EBADF) or, as epoll, forgets it.
+  def test_a_wait_on_a_descriptor_closed_under_its_io_does_not_spin
+    cpu = -> { Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) }
+    outcome = :never_ended
+    used = nil
+    evt do
+      r, = IO.pipe
+      r.autoclose = false # its number may be another file's by the time r is collected
+      started = cpu.call
+      Fiber.schedule do
+        outcome = r.wait_readable(1)
+      rescue IOError, SystemCallError => e
+        outcome = e
+      end
+      Fiber.schedule { IO.for_fd(r.fileno, autoclose: true).close }
+      Fiber.schedule do
+        sleep 1.2 # past the wait's timeout
+        used = cpu.call - started
+      end
+    end
+    refute_equal :never_ended, outcome
+    assert_operator used, :<, 0.6, "the process used #{used.round(2)} s of CPU over 1.2 s: the loop spun"
+  end
+
   def test_writing_to_a_pipe_nobody_reads_raises_epipe
     evt do
       r, w = IO.pipe
