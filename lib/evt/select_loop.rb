@@ -1,28 +1,18 @@
 # frozen_string_literal: true
 
 require "rbconfig"
-begin
-  require "io/nonblock"
+%w[io/nonblock fcntl].each do |name| # fcntl now: loaded in IO#close_read, it would read through the scheduler
+  require name
 rescue LoadError
-  nil # no IO#nonblock? here: every descriptor counts as non-blocking
-end
-begin
-  require "fcntl" # now: loading it inside IO#close_read would read files through the scheduler
-rescue LoadError
-  nil
+  nil # no IO#nonblock?: every descriptor counts as non-blocking
 end
 
 module Evt
-  # The pure-Ruby loop, over IO.select: evt where the C extension cannot be built or loaded, and on
-  # request ({SelectScheduler}). Loaded only when used.
-  #
-  # A fallback, not a copy of the C core: every hook gives the results and errors it gives there,
-  # with Ruby's semantics (a scheduled fiber runs at once until it waits, and the fiber that
-  # scheduled it goes on first), but the scheduling policy (a turn's order, fairness budgets,
-  # batching) is the C core's alone; the README says what this loop does not promise. A suspended
-  # fiber leaves a {Waiter} in the ready queue, on the IOs it watches, on a timer, or where #unblock
-  # finds it. A turn: the other threads' requests, the ready fibers, IO.select on the watched IOs and
-  # a wakeup pipe, the due timers.
+  # The pure-Ruby loop, over IO.select: evt where the C extension cannot load, and {SelectScheduler}.
+  # A fallback with Ruby's semantics, not a copy of the C core: each hook gives the results and
+  # errors it gives there, but a turn's order, fairness and batching are the C core's alone (the
+  # README says what this loop does not promise). A suspended fiber leaves a {Waiter} in the ready
+  # queue, on the IOs it watches, on a timer, or where #unblock finds it.
   class SelectLoop
     # The one backend of this loop.
     # @api private
@@ -41,18 +31,15 @@ module Evt
     # The longest timeout, in nanoseconds (73 years).
     # @api private
     FOREVER = 2**61
-
-    # One suspension of one fiber. `state`: :waiting, :ready or :done; `result`: how it ended (the
-    # events that came, :unblocked, :timed_out, :closed, or nil); `watches`: [io, events] pairs;
-    # `switcher`: made by the loop for a fiber that switched away (#ready_the_switcher).
+    # One suspension of one fiber. `state`: :waiting, :ready or :done; `result`: the events that came,
+    # :unblocked, :timed_out, :closed or nil; `switcher`: made for a fiber that switched away.
     # @api private
-    Waiter = Struct.new(:fiber, :state, :result, :watches, :timer, :unblockable, :switcher)
+    Waiter = Struct.new(:fiber, :state, :result, :watches, :timer, :switcher)
     # A timeout_after in progress.
     # @api private
     Timeout = Struct.new(:fiber, :exception)
-
-    # Fires `target` (a {Waiter} or a {Timeout}) at `deadline`, in monotonic nanoseconds; in
-    # @timers, an Array sorted by deadline, then by `sequence` (the order they were added).
+    # Fires `target` (a {Waiter} or a {Timeout}) at `deadline` (monotonic ns); @timers is sorted by
+    # deadline, then by `sequence`.
     # @api private
     Timer = Struct.new(:deadline, :sequence, :target)
 
@@ -61,10 +48,8 @@ module Evt
     class << self
       # (see Evt::Loop.backends)
       def backends = BACKENDS
-
       # (see Evt::Loop.probe)
       def probe(name) = BACKENDS.include?(backend_name(name)) ? nil : "unknown backend"
-
       # (see Evt::Loop.emulation)
       def emulation(name) = backend_name(name) && nil
 
@@ -78,26 +63,20 @@ module Evt
 
       # @api private
       # @return [Integer] forks this process is down from the first ({ForkWatch} counts them)
-      attr_reader :forks
+      attr_accessor :forks
 
-      # {ForkWatch}'s count, in a forked child.
       # @api private
-      def forked = @forks += 1
-
-      # Every select loop of this Ractor, for IO#close to look through.
-      # @api private
-      # @return [ObjectSpace::WeakMap] loop => true
+      # @return [ObjectSpace::WeakMap] this Ractor's select loops (loop => true), for IO#close
       def loops = Ractor.current[:evt_select_loops] ||= ObjectSpace::WeakMap.new
     end
 
-    # Process._fork (every fork but Process.daemon's): the child counts it.
+    # Prepended to Process: a child counts the fork (Process._fork is every fork but daemon's).
     # @api private
     module ForkWatch
       # @return [Integer] the child's pid in the parent, 0 in the child
-      def _fork = super.tap { |pid| SelectLoop.forked if pid.zero? }
-
+      def _fork = super.tap { |pid| SelectLoop.forks += 1 if pid.zero? }
       # @return [0] in the child: the parent has exited
-      def daemon(...) = super(...).tap { SelectLoop.forked }
+      def daemon(...) = super.tap { SelectLoop.forks += 1 }
     end
     Process.singleton_class.prepend(ForkWatch)
 
@@ -116,15 +95,13 @@ module Evt
       reset
       SelectLoop.watch_closes
       SelectLoop.loops[self] = true
-      open_pipe
+      @wakeup_r, @wakeup_w = IO.pipe
     end
 
     # (see Evt::Loop#backend)
     def backend = check && @backend
-
     # (see Evt::Loop#closed?)
     def closed? = check && @wakeup_r.nil?
-
     # (see Evt::Loop#waiting)
     def waiting = check && @waiting
 
@@ -134,21 +111,18 @@ module Evt
     def reset
       @ready = []
       @timers = []
-      @sequence = 0
+      @sequence = @first = @waiting = @running = 0 # @first: starters put in front this turn
       @watched = {}.compare_by_identity # io => {waiter => events}
-      @closing = {}.compare_by_identity # io => true: another thread closes it (#close_io)
       @unblockable = {}.compare_by_identity # fiber => waiter
       @early_unblock = nil # an unblock for the fiber running now, before it blocked (#unblock)
-      @first = 0 # starters put in front of the ready queue this turn (#ready_first)
-      @waiting = @running = 0
       @blocked = false # in IO.select
       @loop_fiber = @current = Fiber.current
       @thread = Thread.current
       @launcher = nil
     end
 
-    # The loop, after any fork: the forking thread starts it over (and only that one: a thread of
-    # the child may unblock before).
+    # The loop, after any fork: the forking thread starts it over (only that one: a thread of the
+    # child may unblock before).
     def check
       raise "evt: the scheduler is not initialized" unless @backend
 
@@ -174,24 +148,13 @@ module Evt
 
     def get
       owned
-      open_pipe unless @wakeup_r
+      @wakeup_r, @wakeup_w = IO.pipe unless @wakeup_r
       self
-    end
-
-    def open_pipe
-      @wakeup_r, @wakeup_w = IO.pipe
     end
 
     def close_pipe
       [@wakeup_r, @wakeup_w].each { |io| io.close unless io.nil? || io.closed? }
       @wakeup_r = @wakeup_w = nil
-    end
-
-    def close_backend
-      owned
-      raise FiberError, "evt: the loop is running: it closes when it is done" if @running.positive?
-
-      close_pipe
     end
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
@@ -222,10 +185,10 @@ module Evt
       [(value * 1_000_000_000).to_i, FOREVER].min
     end
 
-    # The block's value, or its exception of `classes`. Ruby 3.3 and 3.4 keep the exception ending
-    # the thread in $! while scheduler_close runs, which a rescue here would clear: then the rescue
-    # happens on a fiber of its own. (For the same reason the loop's code uses `while`, never a
-    # block it breaks out of.)
+    # The block's value, or its exception of `classes`. While scheduler_close runs, $! holds the
+    # exception ending the thread, which a rescue here would clear (Thread#join would not raise it):
+    # then the rescue happens on a fiber of its own. (For the same reason the loop uses `while`,
+    # never a block it breaks out of.)
     def rescuing(*classes, &block)
       return Fiber.new(blocking: true) { rescuing(*classes, &block) }.resume if $!
 
@@ -249,12 +212,13 @@ module Evt
       begin
         waiter.timer = add_timer(now + timeout, waiter) if timeout
         watches&.each { |io, events| watch(waiter, io, events) }
-        if unblockable
-          @unblockable[waiter.fiber] = waiter
-          waiter.unblockable = true
-          wake(waiter, :unblocked) if early
+        @unblockable[waiter.fiber] = waiter if unblockable
+        wake(waiter, :unblocked) if unblockable && early
+        if first
+          waiter.state = :ready
+          @ready.unshift(waiter)
+          @first += 1
         end
-        ready_first(waiter) if first
         wake(waiter, nil) if ready
         if to
           @current = nil # until the new fiber says it runs
@@ -270,7 +234,6 @@ module Evt
 
     def watch(waiter, io, events)
       return unless waiter.state == :waiting
-      return wake(waiter, :closed) if closing?(io)
 
       list = (@watched[io] ||= {}.compare_by_identity)
       list[waiter] = list.fetch(waiter, 0) | events
@@ -289,7 +252,7 @@ module Evt
       waiter.watches&.each { |io, _| @watched[io]&.delete(waiter) }
       remove_timer(waiter.timer) if waiter.timer
       waiter.timer = nil
-      @unblockable.delete(waiter.fiber) if waiter.unblockable && @unblockable[waiter.fiber].equal?(waiter)
+      @unblockable.delete(waiter.fiber) if @unblockable[waiter.fiber].equal?(waiter)
     end
 
     def wake(waiter, result)
@@ -302,14 +265,6 @@ module Evt
       signal if @blocked # from a trap handler during IO.select: it must see the fiber ready
     end
 
-    # A fiber that started another goes on as soon as that one waits, before the fibers ready
-    # already (Ruby's reference scheduler: the new fiber's first wait returns to its starter).
-    def ready_first(waiter)
-      waiter.state = :ready
-      @ready.unshift(waiter)
-      @first += 1
-    end
-
     # A fiber left its wait without the loop resuming it: the fiber that switched to it is in no
     # wait, and must go in the ready queue or it would never run again.
     def ready_the_switcher(unwound)
@@ -319,7 +274,7 @@ module Evt
       return if @unblockable.key?(switcher) || !switcher.alive?
 
       @waiting += 1
-      @ready << Waiter.new(switcher, :ready, nil, nil, nil, false, true)
+      @ready << Waiter.new(switcher, :ready, nil, nil, nil, true)
     end
 
     # The block's first value that is not nil, given what is left of `timeout` ns each time: a wait
@@ -395,8 +350,9 @@ module Evt
       @early_unblock = nil if @early_unblock.equal?(fiber)
     end
 
-    # The fibers ready when the turn began, and the starters put in front meanwhile. true when
-    # `until_waiter` came up.
+    # The fibers ready when the turn began, and the starters put in front meanwhile (a fiber that
+    # started another goes on as soon as that one waits, as in Ruby's reference scheduler). true
+    # when `until_waiter` came up.
     def resume_ready(until_waiter)
       count = @ready.size
       @first = 0
@@ -413,13 +369,13 @@ module Evt
       false
     end
 
+    # Turns: the other threads' requests, the ready fibers, IO.select, the due timers.
     def run_loop(until_waiter)
       @running += 1
       while true # rubocop:disable Style/InfiniteLoop
         serve_requests(interrupts: true) unless @requests.empty?
         return if resume_ready(until_waiter) || (until_waiter.nil? && @waiting.zero?)
 
-        open_pipe unless @wakeup_r
         first = @timers.first
         wait(if !@ready.empty? || !@requests.empty? then 0
              elsif first then [first.deadline - now, 0].max
@@ -440,11 +396,8 @@ module Evt
 
     # IO.select (without the GVL) on the watched IOs and the wakeup pipe; wakes the ready waiters.
     def wait(timeout)
-      if @wakeup_r.closed? || @wakeup_w.closed? # closed behind the loop's back
-        close_pipe
-        open_pipe
-      end
-      @closing.delete_if { |io, _| io.closed? }
+      close_pipe if @wakeup_r&.closed? || @wakeup_w&.closed? # closed behind the loop's back
+      @wakeup_r, @wakeup_w = IO.pipe unless @wakeup_r
       sets = [[@wakeup_r], [], []]
       closed = []
       @watched.delete_if do |io, list|
@@ -501,19 +454,18 @@ module Evt
       signal if Thread.current != @thread # always: the loop may be on its way into IO.select
     end
 
-    # The other threads' requests, unblocks first (the C loop serves those as they come); fiber
-    # interrupts only when `interrupts` (not while IO.select's result waits to be dispatched).
+    # The other threads' requests, in the order they came; fiber interrupts only when `interrupts`
+    # (not while IO.select's result waits to be dispatched).
     def serve_requests(interrupts:)
       requests = []
       requests << @requests.pop(true) until @requests.empty?
-      requests = requests.partition { |kind, *| kind == :unblock }.flatten(1)
       own = nil
       until requests.empty?
         kind, subject, argument, forks = item = requests.shift
         next if forks != @forks # made in the parent, before the fork
 
         case kind
-        when :closed then close_io(subject, elsewhere: true)
+        when :closed then close_io(subject)
         when :unblock
           waiter = @unblockable[subject]
           wake(waiter, :unblocked) if waiter && (@resumes[subject] || 0) == argument
@@ -548,21 +500,13 @@ module Evt
     # Whether a fiber waits on `io`, or did until the last turn: another thread closing it tells
     # the loop even when none waits right now, as one may be about to. From any thread.
     def knows?(io) = @forks == SelectLoop.forks && @watched.key?(io)
-
     def owned_here? = Thread.current == @thread
-
     def can_yield? = Fiber.current == @loop_fiber || (@running.positive? && Fiber.current == @current)
-
     def io_closing(io) = owned_here? ? close_io(io) : request(:closed, io)
 
-    # Wakes the waiters on `io` with :closed. `elsewhere`: the closer may not have marked io closed
-    # yet; until it has, a new wait on it ends at once too (#closing?).
-    def close_io(io, elsewhere: false)
-      @closing[io] = true if elsewhere && !io.closed?
-      @watched[io]&.keys&.each { |waiter| wake(waiter, :closed) }
-    end
-
-    def closing?(io) = @closing.key?(io) && (!io.closed? || !@closing.delete(io))
+    # Wakes the waiters on `io` with :closed. (A fiber that begins to wait while another thread's
+    # close goes on is woken when the close is over: SelectLoop.closed.)
+    def close_io(io) = @watched[io]&.keys&.each { |waiter| wake(waiter, :closed) }
 
     def suspended_fibers
       check
@@ -574,7 +518,6 @@ module Evt
 
     # This loop cannot watch a process: a thread waits instead (ProcessWaiting).
     def wait_child_exit(_pid) = nil
-
     def pidfd_open(_pid) = nil
 
     public
@@ -595,8 +538,7 @@ module Evt
         outcome = suspend(timeout: left, watches: watches, unblockable: watches.empty? && left.nil?)
         raise IOError, "stream closed in another thread" if outcome == :closed
 
-        result = select_now(readables, writables, exceptables)
-        result || (outcome == :timed_out ? false : nil)
+        select_now(readables, writables, exceptables) || (outcome == :timed_out ? false : nil)
       end || nil
     end
 

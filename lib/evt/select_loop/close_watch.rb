@@ -12,7 +12,6 @@ module Evt
       # Tells the loops that know `io` it is closing; the block, if given, says whether the call
       # closes the descriptor at all (asked only when a loop knows `io`).
       # @api private
-      # @return [void]
       def closing(io)
         scheduler = Fiber.scheduler
         own = if RUBY_VERSION < "4" || scheduler.nil? then :wake
@@ -30,7 +29,7 @@ module Evt
           if here && own == :wake_run
             next unless loop.equal?(scheduler) && loop.__send__(:can_yield?)
 
-            loop.__send__(:close_io, io, elsewhere: true)
+            loop.__send__(:close_io, io)
             yield_to = loop
           else
             loop.__send__(:io_closing, io)
@@ -42,7 +41,6 @@ module Evt
       # Once `io` is closed, the loops that still know it hear of it again: a fiber may have begun to
       # wait during the close, or Ruby closed it where #closes_for? said it would not.
       # @api private
-      # @return [void]
       def closed(io)
         loops.each_key { |loop| loop.__send__(:io_closing, io) if loop.__send__(:knows?, io) } if io.closed?
       end
@@ -71,7 +69,6 @@ module Evt
 
       # Prepends {CloseWatch} and {ReadNonblockWatch} to IO, once.
       # @api private
-      # @return [void]
       def watch_closes
         IO.prepend(CloseWatch, ReadNonblockWatch) unless IO.include?(ReadNonblockWatch)
       end

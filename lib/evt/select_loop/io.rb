@@ -59,6 +59,7 @@ module Evt
 
     private
 
+    # (Defined with def: a method define_method made cannot be called in another Ractor.)
     def io_read_single(io, buffer, offset, length) = single(io, buffer, offset, length, nil, IO::READABLE)
     def io_write_single(io, buffer, offset, length) = single(io, buffer, offset, length, nil, IO::WRITABLE)
     def io_pread_single(io, buffer, from, offset, length) = single(io, buffer, offset, length, from, IO::READABLE)
@@ -67,6 +68,7 @@ module Evt
     def io_write_minimum(io, buffer, length, offset) = minimum(io, buffer, length, offset, nil, IO::WRITABLE)
     def io_pread_minimum(io, buffer, from, length, offset) = minimum(io, buffer, length, offset, from, IO::READABLE)
     def io_pwrite_minimum(io, buffer, from, length, offset) = minimum(io, buffer, length, offset, from, IO::WRITABLE)
+
     # IO.select from a blocking fiber, so that it does not come back here as io_select.
     def select_now(readables, writables, exceptables)
       Fiber.blocking { IO.select(readables, writables, exceptables, 0) }
