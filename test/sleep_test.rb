@@ -10,19 +10,28 @@ class SleepTest < Minitest::Test
     assert_operator time, :<, 0.3
   end
 
+  # Never early, on every try. Within 5 ms on at least one of three tries: the ten sleepers wake in
+  # one turn, so one try's median is one wakeup, which a busy machine can delay (a late wakeup is
+  # the machine's; an early one, or one late every time, is the loop's).
   def test_sleep_is_never_early_and_within_five_milliseconds_at_100ms
-    samples = []
-    evt do
-      10.times do
-        Fiber.schedule do
-          started = monotonic
-          sleep 0.1
-          samples << (monotonic - started)
+    medians = []
+    3.times do
+      samples = []
+      evt do
+        10.times do
+          Fiber.schedule do
+            started = monotonic
+            sleep 0.1
+            samples << (monotonic - started)
+          end
         end
       end
+      assert_equal 10, samples.size
+      assert_operator samples.min, :>=, 0.1
+      medians << median(samples)
+      break if medians.last <= 0.105
     end
-    assert_operator samples.min, :>=, 0.1
-    assert_operator median(samples), :<=, 0.105
+    assert_operator medians.min, :<=, 0.105, "every try woke late: medians #{medians.map { |m| m.round(4) }}"
   end
 
   def test_timers_fire_in_deadline_order
