@@ -108,6 +108,11 @@ module Evt
   #     # @!method waiting
   #     #   @return [Integer] the number of fibers suspended in the loop
   #
+  #     # @!method stats
+  #     #   The loop's counters since it was made ({Insight#stats} lists every key, with those a
+  #     #   scheduler adds): kept as the loop runs, a few additions a turn, and read here.
+  #     #   @return [Hash{Symbol => Object}] a new Hash each call
+  #
   #     # @!method io_wait(io, events, timeout)
   #     #   Hook (IO#wait_readable and every read or write that has to wait): waits until `io` has
   #     #   one of `events`.
@@ -252,6 +257,8 @@ require_relative "evt/resolver" # loads socket
 # directions are shut down: they must wake the waiters first too (ext/evt/closers.c).
 BasicSocket.prepend(Evt::SocketShutdownWakesWaiters) if defined?(Evt::SocketShutdownWakesWaiters)
 require_relative "evt/blocking_pool"
+require_relative "evt/insight"
+require_relative "evt/stall_watch"
 require_relative "evt/scheduler"
 require_relative "evt/socket_write"
 require_relative "evt/selector" if Evt.extension? # the loop behind io-event's selector interface (evt/async)

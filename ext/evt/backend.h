@@ -176,6 +176,10 @@ struct evt_kernel {
     struct evt_fired *fired;  /* what a readiness backend's wait collected, for the core to dispatch */
     int fired_capacity;
     volatile int blocked;     /* inside the backend's wait without the GVL: wakeups must go to the kernel */
+    /* A completion backend's counts (Evt::Loop#stats), only added to: */
+    uint64_t submitted;       /* requests handed to the kernel */
+    uint64_t completed;       /* completions reaped */
+    uint64_t overflowed;      /* reaps that found completions the kernel held back for want of room */
     /* The core's own, below: */
     int woken;                /* a wakeup went to the kernel during this wait: more would be wasted */
     size_t ops;               /* transfers submitted to the kernel and not reaped: it may still use their

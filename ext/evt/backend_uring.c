@@ -54,6 +54,7 @@ struct uring_backend {
     uint64_t wakeup_value; /* its read lands here */
     uint64_t cancel_serial; /* of the last cancellation asked (uring_cancel); its answer: */
     int cancel_answer;      /* CANCEL_UNANSWERED, or what the kernel said (0, -ENOENT, -EALREADY) */
+    struct evt_kernel *kernel; /* whose counts it keeps */
 };
 
 /* A cancellation's user_data: TAG_IGNORE with its serial above the tag (plain TAG_IGNORE: serial 0). */
@@ -152,6 +153,7 @@ static struct io_uring_sqe *
 next_sqe(struct uring_backend *backend)
 {
     struct io_uring_sqe *sqe;
+    backend->kernel->submitted++;
     while (!(sqe = io_uring_get_sqe(&backend->ring))) {
         int r = io_uring_submit(&backend->ring);
         if (r < 0 && r != -EAGAIN && r != -EBUSY && r != -EINTR) rb_syserr_fail(-r, "io_uring_submit");
@@ -198,6 +200,7 @@ uring_open(struct evt_kernel *kernel)
         return err;
     }
     backend->wakeup_fd = kernel->wakeup.read_fd;
+    backend->kernel = kernel;
     backend->cancel_serial = 0;
     backend->cancel_answer = 0;
     backend->polls = NULL;
@@ -328,6 +331,8 @@ dispatch_completions(struct evt_kernel *kernel, struct uring_backend *backend)
             count++;
         }
         io_uring_cq_advance(&backend->ring, count);
+        kernel->completed += count;
+        if (io_uring_cq_has_overflow(&backend->ring)) kernel->overflowed++;
         /* Completions the CQ had no room for wait in the kernel, and completions still in task work:
          * a kernel wait that need not block runs only a small batch of those (IO_LOCAL_TW_DEFAULT_MAX).
          * Left to the next turn's wait, a backlog drains one batch a turn, and under thousands of

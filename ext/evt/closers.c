@@ -23,6 +23,7 @@ wake_waiters(VALUE io, int fd)
     /* The loop's turn ends with this fiber, which it readies last. */
     struct evt_wait wait;
     evt_wait_yield(&wait, evt_object_get(loop->self));
+    wait.subject = io; /* Evt::Loop#waits: a close under way */
     evt_wait_suspend(&wait);
 }
 

@@ -95,6 +95,35 @@ enum { EVT_FIRED_INITIAL = 64, EVT_FIRED_MAX = 4096 };
 /* Starters that may go to the head of the ready queue in a turn, at the least. */
 #define EVT_FIRST_MIN 64
 
+/* Timers fired, by how late: bucket i counts those less than 2^i µs late (the last: the rest). */
+enum { EVT_LATE_BUCKETS = 24 };
+
+/* What the loop has done since it was made (Evt::Loop#stats, insight.c): counters, only added to,
+ * each a store on a path that runs anyway. */
+struct evt_stats {
+    uint64_t turns;
+    uint64_t kernel_waits;    /* the backend's waits, blocking or a look */
+    uint64_t events;          /* readiness events and completions handed to waiters */
+    uint64_t timers_fired;
+    uint64_t timers_cleared;  /* timers armed before the heap was last cleared (a fork) */
+    uint64_t requests;        /* from other threads, served */
+    size_t ready_max;         /* fibers ready as a turn began, at most */
+    int64_t made_ns;          /* when the loop was made (monotonic clock) */
+    int64_t kernel_ns;        /* blocked in the kernel, in all */
+    int64_t clock_ns;         /* the loop's last reading of the clock: when a wait began, to the turn */
+    uint64_t late[EVT_LATE_BUCKETS];
+};
+
+/* Stall reports (insight.c): how long the thread has been away from the loop, read by a watchdog
+ * thread. Off (threshold 0), a switch costs one test. */
+struct evt_stall {
+    int64_t threshold_ns;     /* 0: off */
+    int64_t beat_ns;          /* when the thread last passed through the loop */
+    uint64_t ended;           /* holds of the thread past the threshold, over */
+    int64_t ended_ns;         /* how long the last one lasted */
+    VALUE ended_fiber;        /* and which fiber held the thread (the loop fiber: the thread's own code) */
+};
+
 struct evt_loop {
     VALUE self;
     struct evt_kernel kernel; /* the backend, its objects, and what its waits collect (backend.h) */
@@ -143,6 +172,8 @@ struct evt_loop {
         VALUE list;
         int pending;
     } requests;
+    struct evt_stats stats;
+    struct evt_stall stall;
     /* Its place in the process's list of loops, which IO#close looks through (object.c). */
     struct {
         struct evt_list link;
@@ -167,6 +198,22 @@ evt_core_wake(struct evt_loop *loop)
     if (!__atomic_load_n(&loop->kernel.blocked, __ATOMIC_SEQ_CST) || !loop->kernel.data) return 0;
     if (!__atomic_exchange_n(&loop->kernel.woken, 1, __ATOMIC_SEQ_CST)) evt_wakeup_signal(&loop->kernel.wakeup);
     return 1;
+}
+
+/* The thread passes through the loop (a switch to or from a fiber, a kernel wait's edges): with
+ * stall reports on, a hold of the thread by `holder` since the last pass that lasted past the
+ * threshold while fibers waited is recorded as over. `holder` nil: the time was the kernel's. */
+static inline void
+evt_core_beat(struct evt_loop *loop, VALUE holder)
+{
+    if (RB_LIKELY(!loop->stall.threshold_ns)) return;
+    int64_t now = evt_timers_now(), held = now - loop->stall.beat_ns;
+    if (!NIL_P(holder) && held >= loop->stall.threshold_ns && loop->waiting) {
+        loop->stall.ended++;
+        loop->stall.ended_ns = held;
+        loop->stall.ended_fiber = holder;
+    }
+    loop->stall.beat_ns = now;
 }
 
 /* Registration flags, learnt once per IO object on a descriptor. */

@@ -9,6 +9,7 @@
 #include "loop.h"
 #include "wait.h"
 #include "hooks.h"
+#include "insight.h"
 #include "closers.h"
 #include "selector.h"
 #include "socket_write.h"
@@ -91,7 +92,9 @@ launch(struct evt_loop *loop, VALUE fiber)
     loop->launch.error = Qnil;
     /* Not known to run until it says so (started): starting can fail before it does. */
     loop->current = Qnil;
+    evt_core_beat(loop, loop->loop_fiber);
     rb_fiber_transfer(loop->launch.fiber, 1, &fiber);
+    evt_core_beat(loop, NIL_P(loop->current) ? fiber : loop->current);
     loop->current = loop->loop_fiber;
     loop->launch.caller = Qnil;
     if (RB_UNLIKELY(loop->early_unblock == fiber)) loop->early_unblock = Qnil; /* it ended without waiting */
@@ -331,6 +334,7 @@ Init_evt(void)
     rb_define_private_method(evt_object_class, "suspended_fibers", loop_fibers, 0);
 
     evt_hooks_init(evt_object_class);
+    evt_insight_init(evt_object_class);
     evt_closers_init(mEvt);
     evt_selector_init(mEvt);
     evt_socket_write_init(mEvt);

@@ -231,14 +231,15 @@ loop_pidfd_open(VALUE self, VALUE pid)
 }
 
 
-/* Blocks the current fiber until unblock or the timeout: 1 if unblocked, 0 if the time ran out. */
+/* Blocks the current fiber on `blocker` (nil: a sleep) until unblock or the timeout: 1 if
+ * unblocked, 0 if the time ran out. */
 static int
-loop_block(struct evt_loop *loop, int64_t timeout)
+loop_block(struct evt_loop *loop, VALUE blocker, int64_t timeout)
 {
     int64_t deadline = timeout >= 0 ? evt_timers_now() + timeout : -1;
     for (;;) {
         struct evt_wait wait;
-        evt_wait_block(&wait, loop, timeout);
+        evt_wait_block(&wait, loop, blocker, timeout);
         enum evt_outcome outcome = evt_wait_suspend(&wait);
         if (outcome == EVT_UNBLOCKED) return 1;
         if (outcome == EVT_TIMED_OUT) return 0;
@@ -259,7 +260,7 @@ loop_kernel_sleep(int argc, VALUE *argv, VALUE self)
         evt_wait_suspend(&wait);
         return Qnil;
     }
-    loop_block(loop, timeout);
+    loop_block(loop, Qnil, timeout);
     return Qnil;
 }
 
@@ -274,7 +275,7 @@ loop_block_m(int argc, VALUE *argv, VALUE self)
     int huge = (RB_FLOAT_TYPE_P(value) && RFLOAT_VALUE(value) >= 9.2e18) ||
                (RB_TYPE_P(value, T_BIGNUM) && RBIGNUM_POSITIVE_P(value));
     int64_t timeout = huge ? INT64_MAX / 4 : evt_io_timeout_ns(value);
-    return loop_block(evt_object_get(self), timeout) ? Qtrue : Qfalse;
+    return loop_block(evt_object_get(self), argv[0], timeout) ? Qtrue : Qfalse;
 }
 
 /* Evt::Loop#unblock (documented in lib/evt.rb): safe from any thread: it wakes the loop only when the

@@ -47,8 +47,10 @@ static VALUE signal_exception_never = Qnil;
 static inline void
 switch_to(struct evt_loop *loop, VALUE fiber)
 {
+    evt_core_beat(loop, loop->loop_fiber);
     loop->current = fiber;
     rb_fiber_transfer(fiber, 0, NULL);
+    evt_core_beat(loop, NIL_P(loop->current) ? fiber : loop->current);
     loop->current = loop->loop_fiber;
     if (RB_UNLIKELY(loop->early_unblock == fiber)) loop->early_unblock = Qnil; /* it ended without waiting */
 }
@@ -60,8 +62,10 @@ switch_to(struct evt_loop *loop, VALUE fiber)
 static void
 raise_into(struct evt_loop *loop, VALUE fiber, VALUE exception)
 {
+    evt_core_beat(loop, loop->loop_fiber);
     loop->current = fiber;
     rb_fiber_raise(fiber, 1, &exception);
+    evt_core_beat(loop, NIL_P(loop->current) ? fiber : loop->current);
     loop->current = loop->loop_fiber;
 }
 
@@ -125,6 +129,7 @@ serve_requests(struct evt_loop *loop, int interrupts)
     VALUE taken = evt_requests_take(loop);
     if (NIL_P(taken)) return;
     long count = RARRAY_LEN(taken);
+    loop->stats.requests += (uint64_t)count;
     for (long i = 0; i < count; i++) {
         struct evt_request request = evt_requests_at(taken, i);
         if (request.kind == EVT_REQUEST_CLOSE) evt_close_heard(loop, request.subject, FIX2INT(request.argument));
@@ -223,11 +228,22 @@ resume_ready(struct evt_loop *loop, struct evt_waiter *until)
     return 0;
 }
 
+/* A timer fires `late` ns after its deadline: counted, by the power of two of its µs. */
+static inline void
+count_late(struct evt_stats *stats, int64_t late)
+{
+    uint64_t us = late > 0 ? (uint64_t)late / 1000 : 0;
+    int bucket = us ? 64 - __builtin_clzll(us) : 0;
+    stats->late[bucket < EVT_LATE_BUCKETS ? bucket : EVT_LATE_BUCKETS - 1]++;
+    stats->timers_fired++;
+}
+
 static void
 fire_timers(struct evt_loop *loop, int64_t now)
 {
     struct evt_timer *timer;
     while ((timer = evt_timers_first(&loop->timers)) && timer->deadline <= now) {
+        count_late(&loop->stats, now - timer->deadline);
         if (timer->kind == EVT_TIMER_TIMEOUT) {
             /* timeout_after: raise in the fiber, wherever it waits; control comes back here when it
              * waits again or ends. */
@@ -349,10 +365,13 @@ static int
 wait_in_kernel(struct evt_loop *loop, int64_t timeout)
 {
     struct kernel_wait wait = {loop, timeout, 0};
+    loop->stats.kernel_waits++;
     if (timeout == 0) {
         wait.result = loop->kernel.backend->wait(&loop->kernel, 0);
     }
     else {
+        evt_core_beat(loop, loop->loop_fiber);
+        int64_t start = evt_timers_now();
         loop->kernel.woken = 0; /* under the GVL, as every evt_core_wake */
         __atomic_store_n(&loop->kernel.blocked, 1, __ATOMIC_SEQ_CST);
         /* RB_NOGVL_INTR_FAIL: no interrupt check on the way out, where an exception would lose the
@@ -361,6 +380,9 @@ wait_in_kernel(struct evt_loop *loop, int64_t timeout)
         if (loop->selector.driven) rb_protect((VALUE(*)(VALUE))wait_for_selector_protected, (VALUE)&wait, &state);
         else rb_nogvl(wait_without_gvl, &wait, end_kernel_wait, loop, RB_NOGVL_INTR_FAIL);
         __atomic_store_n(&loop->kernel.blocked, 0, __ATOMIC_SEQ_CST);
+        loop->stats.clock_ns = evt_timers_now();
+        loop->stats.kernel_ns += loop->stats.clock_ns - start;
+        evt_core_beat(loop, Qnil);
         loop->kernel.interrupted = state; /* raised once the events are dispatched (raise_interrupted) */
     }
     return wait.result; /* -errno: raised by dispatch, once the closes are served */
@@ -418,9 +440,9 @@ static int
 collect(struct evt_loop *loop, int64_t timeout, struct evt_run *run)
 {
     enum evt_run_mode mode = run->mode;
-    int64_t start = mode == EVT_RUN_ONCE && timeout != 0 ? evt_timers_now() : 0;
+    int64_t blocked = loop->stats.kernel_ns;
     int fired = wait_in_kernel(loop, timeout);
-    if (start) run->idle_ns = evt_timers_now() - start;
+    if (mode == EVT_RUN_ONCE) run->idle_ns += loop->stats.kernel_ns - blocked;
     serve_closes(loop);
     if (mode != EVT_RUN_ONCE) {
         dispatch(loop, fired);
@@ -491,11 +513,14 @@ turn(struct evt_loop *loop, struct evt_run *run, int64_t timeout, int phases)
     if (phases & TURN_RESUME) {
         serve_requests(loop, 1);
         run->queued = loop->ready_count;
+        if (loop->ready_count > loop->stats.ready_max) loop->stats.ready_max = loop->ready_count;
         if (resume_ready(loop, run->until)) return 1;
         if (run->mode == EVT_RUN_DEFAULT && loop->waiting == 0) return 1;
     }
     if (!loop->kernel.data) evt_object_open(loop);
     int64_t now = evt_timers_now(), early = 0;
+    loop->stats.turns++;
+    loop->stats.clock_ns = now;
     if (timeout == TURN_POLL) timeout = poll_timeout(loop, now);
     if ((phases & TURN_ON_TIME) && timeout > 0) {
         evt_timers_tighten_slack(&loop->timers, EVT_TIMER_SLACK_NS);

@@ -202,6 +202,7 @@ loop_mark(void *ptr)
     rb_gc_mark(loop->launch.fiber);
     rb_gc_mark(loop->launch.caller);
     rb_gc_mark(loop->launch.error);
+    rb_gc_mark(loop->stall.ended_fiber);
     evt_object_each_waiter(loop, mark_waiter, NULL);
     for (size_t i = 0; i < loop->timers.size; i++) {
         struct evt_timer *timer = loop->timers.heap[i];
@@ -384,6 +385,8 @@ evt_object_alloc(VALUE klass)
     loop->kernel.fired_capacity = EVT_FIRED_INITIAL;
     loop->kernel.fired = ALLOC_N(struct evt_fired, loop->kernel.fired_capacity);
     loop->forks = evt_object_forks;
+    loop->stats.made_ns = loop->stats.clock_ns = evt_timers_now();
+    loop->stall.ended_fiber = Qnil;
     return self;
 }
 
@@ -416,6 +419,7 @@ evt_object_forget(struct evt_loop *loop)
     loop->first_budget = EVT_FIRST_MIN;
     loop->ready_count = 0;
     loop->selector.dispatching = 0;
+    loop->stats.timers_cleared += loop->timers.next_sequence;
     evt_timers_clear(&loop->timers);
     st_clear(loop->unblockable);
     loop->early_unblock = Qnil;

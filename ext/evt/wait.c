@@ -26,6 +26,8 @@ wait_init(struct evt_wait *wait, struct evt_loop *loop, enum evt_wait_kind kind,
     wait->timeout = timeout;
     wait->forks = loop->forks;
     wait->epoch = loop->epoch;
+    wait->since = loop->stats.clock_ns;
+    wait->subject = Qnil;
     memset(&wait->as, 0, sizeof(wait->as));
 }
 
@@ -39,9 +41,10 @@ evt_wait_io(struct evt_wait *wait, struct evt_loop *loop, VALUE io, int fd, int 
 }
 
 void
-evt_wait_block(struct evt_wait *wait, struct evt_loop *loop, int64_t timeout)
+evt_wait_block(struct evt_wait *wait, struct evt_loop *loop, VALUE blocker, int64_t timeout)
 {
     wait_init(wait, loop, EVT_WAIT_BLOCK, timeout);
+    wait->subject = blocker;
 }
 
 void

@@ -26,6 +26,9 @@ struct evt_wait {
     int64_t timeout;                 /* -1: none */
     unsigned forks;                  /* the loop's, when made: a wait resumed in a forked child is the parent's */
     unsigned epoch;                  /* the loop's, when made: a wait the loop has forgotten since is left alone */
+    int64_t since;                   /* when it began, to the loop's turn (the loop's last clock reading) */
+    VALUE subject;                   /* what it is for, as Evt::Loop#waits shows it: a block's blocker (nil:
+                                        a sleep), the IO a close waits on; on the stack, so the GC sees it */
     /* What one kind needs besides (its constructor sets it; nothing else is read). */
     union {
         struct {
@@ -50,8 +53,8 @@ struct evt_wait {
 
 /* Until fd (of io) has one of `events`, or `timeout` ns (-1: none). */
 void evt_wait_io(struct evt_wait *wait, struct evt_loop *loop, VALUE io, int fd, int events, int64_t timeout);
-/* Until unblock, or `timeout`. */
-void evt_wait_block(struct evt_wait *wait, struct evt_loop *loop, int64_t timeout);
+/* Until unblock, or `timeout`; `blocker` is what Ruby blocks on (nil: a sleep). */
+void evt_wait_block(struct evt_wait *wait, struct evt_loop *loop, VALUE blocker, int64_t timeout);
 /* Lets the other ready fibers run first (sleep(0)). */
 void evt_wait_yield(struct evt_wait *wait, struct evt_loop *loop);
 /* Starts `fiber`; the current fiber waits in the ready queue meanwhile. */

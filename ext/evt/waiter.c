@@ -86,6 +86,7 @@ void
 evt_waiter_fired(struct evt_kernel *kernel, int fd, uint32_t generation, int events)
 {
     struct evt_loop *loop = evt_container_of(kernel, struct evt_loop, kernel);
+    loop->stats.events++;
     if (fd < 0 || fd >= loop->registrations_size) return;
     struct evt_registration *reg = loop->registrations[fd];
     if (!reg || reg->watch.generation != generation) return; /* an older file that had this number */
@@ -111,6 +112,7 @@ void
 evt_waiter_done(struct evt_kernel *kernel, struct evt_op *op, long result)
 {
     struct evt_loop *loop = evt_container_of(kernel, struct evt_loop, kernel);
+    loop->stats.events++;
     op->result = result;
     if (op->pending) kernel->ops--;
     op->pending = 0;

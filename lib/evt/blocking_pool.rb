@@ -85,6 +85,15 @@ module Evt
       @flush = Thread::ConditionVariable.new
       @held = [] # finished jobs whose fibers are not woken yet
       @held_since = nil
+      @submitted = @completed = 0
+    end
+
+    # What the pool has done: operations waiting for a thread, running, and done (since it was made).
+    # @return [Hash{Symbol => Integer}] :queued, :running, :done
+    def stats
+      queued = @jobs&.size || 0
+      done = @completed
+      { queued: queued, running: [@submitted - done - queued, 0].max, done: done }
     end
 
     # Runs `work` on a worker thread; the current (scheduled) fiber waits.
@@ -94,6 +103,7 @@ module Evt
     def run(work)
       start unless @pid == Process.pid
       job = Job.new(work, :queued, nil, nil, Thread::Queue.new)
+      @submitted += 1
       @jobs << job
       done = false
       begin
@@ -152,6 +162,7 @@ module Evt
       ready = @lock.synchronize do
         hold = job.state == :running && took < @hold_under && jobs.size >= @size && !jobs.closed?
         job.state = :done
+        @completed += 1
         if hold
           @held << job
           unless @held_since
@@ -239,6 +250,7 @@ module Evt
       running = @lock.synchronize do
         if job.state == :queued
           job.state = :cancelled
+          @completed += 1
           false
         elsif job.state == :running
           job.state = :stopping # its fiber waits for it: not to be held

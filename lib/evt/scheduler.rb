@@ -54,6 +54,8 @@ module Evt
   # {#pool_size}). Prepended to each, so its methods come before the loop's, whichever loop that
   # is, and `super` reaches that loop. `is_a?(Evt::Scheduling)` tells either scheduler.
   module Scheduling
+    include Insight
+
     # Takes the `pool_size:` option of {Scheduler.new} and {SelectScheduler#initialize
     # SelectScheduler.new}; the others go on to the class's own initialize.
     # @param arguments [Array] for the class's initialize
@@ -61,17 +63,39 @@ module Evt
     # @param pool_size [Integer, nil] threads for blocking operations ({#blocking_operation_wait},
     #   Ruby 3.4); 0 runs them on the loop's thread, as without a scheduler. nil: EVT_POOL_SIZE from
     #   the environment if set, else one per core.
-    # @raise [ArgumentError] pool_size is not an Integer >= 0
-    def initialize(*arguments, pool_size: nil, **options)
+    # Takes `stall:` and `on_stall:` too: see {StallWatch}.
+    # @param stall [Numeric, nil] seconds: report a fiber (or the thread's own code) that holds the
+    #   thread longer without returning to the loop; nil: EVT_STALL (milliseconds) if set, else off
+    # @param on_stall [#call, nil] called with each {StallReport}, on the watch's thread; nil: one
+    #   line each on $stderr (JSON with EVT_STALL_FORMAT=json)
+    # @raise [ArgumentError] pool_size is not an Integer >= 0, or stall not a positive number
+    def initialize(*arguments, pool_size: nil, stall: nil, on_stall: nil, **options)
       @pool_size = Scheduling.pool_size(pool_size)
+      stall = StallWatch.threshold(stall)
       @pool = nil
+      @stall_watch = nil
+      insight_setup
       # Every scheduled fiber runs this one body, which takes its block and kind from @starting
       # (set just before the fiber starts, which it does at once): a block of its own per fiber would
       # cost a Proc and its environment each, and GC time for as long as the fiber lives.
       @fiber_body = method(:scheduled_fiber_body).to_proc
       @starting = @starting_child = nil
       super(*arguments, **options)
+      @stall_watch = StallWatch.new(self, stall, on_stall) if stall
       Scheduling.warn_about_hiredis
+      Scheduling.dump_on_signal
+    end
+
+    # Sets up {Evt.dump_on} for EVT_DUMP_SIGNAL, once per process, from the main Ractor (the only
+    # one that may trap signals).
+    # @api private
+    # @return [void]
+    def self.dump_on_signal
+      signal = ENV.fetch("EVT_DUMP_SIGNAL", "")
+      return if signal.empty? || @dump_signal == [Process.pid, signal] || (defined?(Ractor.main) && Ractor.current != Ractor.main)
+
+      @dump_signal = [Process.pid, signal]
+      Evt.dump_on(signal)
     end
 
     # hiredis-client's connection waits for Redis with rb_thread_fd_select, which Ruby hands to no
@@ -184,6 +208,12 @@ module Evt
 
     include ProcessWaiting
 
+    # Hook (Process.wait): {ProcessWaiting#process_wait}, shown as a :process wait in {#fibers}.
+    # @return [Process::Status, nil]
+    def process_wait(pid, flags)
+      doing(:process, pid) { super }
+    end
+
     # Hook (Ruby 3.4+): Ruby asks here to run a C function that would block the thread without the
     # GVL (zlib, large IO::Buffer copies, big-integer division, file I/O): on the {BlockingPool}'s
     # threads, in parallel with the loop, while the calling fiber waits and the others run. With
@@ -198,7 +228,8 @@ module Evt
       # (the IO#close wrappers set the flag).
       return Fiber.blocking { work.call } if @pool_size.zero? || Thread.current[:__evt_inline_offload]
 
-      (@pool ||= BlockingPool.new(@pool_size)).run(work)
+      pool = (@pool ||= BlockingPool.new(@pool_size))
+      doing(:blocking, work) { pool.run(work) }
     end
 
     # Hook (Ruby 4.0+), which Ruby calls when a signal arrives while a fiber runs a blocking
@@ -247,7 +278,8 @@ module Evt
     # @return [Array<String>] addresses
     # @raise [Socket::ResolutionError] the name is unknown, as getaddrinfo would raise
     def address_resolve(hostname)
-      (@resolver ||= Resolver.new).resolve(hostname)
+      resolver = (@resolver ||= Resolver.new)
+      doing(:resolve, hostname) { resolver.resolve(hostname) }
     end
 
     # Hook (Ruby calls it when the thread ends or Fiber.set_scheduler replaces this scheduler): runs
@@ -260,6 +292,7 @@ module Evt
       kill_all if Thread.current.status == "aborting"
       super
     ensure
+      @stall_watch&.stop
       @resolver&.close
       @pool&.close
     end
@@ -305,7 +338,12 @@ module Evt
       block = @starting # #fiber lets go of it once this fiber has started
       child = @starting_child
       started # the loop now knows this fiber runs (starting it could have failed)
-      block.call
+      @fibers_started += 1
+      begin
+        block.call
+      ensure
+        @fibers_finished += 1
+      end
     rescue SystemExit, SignalException
       raise
     rescue Exception => error # rubocop:disable Lint/RescueException -- a fiber's end, reported

@@ -32,9 +32,10 @@ module Evt
     # @api private
     FOREVER = 2**61
     # One suspension of one fiber. `state`: :waiting, :ready or :done; `result`: the events that came,
-    # :unblocked, :timed_out, :closed or nil; `switcher`: made for a fiber that switched away.
+    # :unblocked, :timed_out, :closed or nil; `switcher`: made for a fiber that switched away; `what`:
+    # [kind, subject] as Evt::Loop#waits shows it; `since`: when it began, to the turn.
     # @api private
-    Waiter = Struct.new(:fiber, :state, :result, :watches, :timer, :switcher)
+    Waiter = Struct.new(:fiber, :state, :result, :watches, :timer, :switcher, :what, :since)
     # A timeout_after in progress.
     # @api private
     Timeout = Struct.new(:fiber, :exception)
@@ -119,6 +120,7 @@ module Evt
       @loop_fiber = @current = Fiber.current
       @thread = Thread.current
       @launcher = nil
+      insight_reset
     end
 
     # The loop, after any fork: the forking thread starts it over (only that one: a thread of the
@@ -203,8 +205,8 @@ module Evt
     # for its `watches`, `timeout` ns, an unblock (`unblockable`); `ready` puts it in the ready
     # queue at once (`first`: in front). Control goes to the loop fiber, or to the new fiber `to`.
     # However the fiber leaves, its waiter leaves every structure.
-    def suspend(timeout: nil, watches: nil, unblockable: false, ready: false, first: false, to: nil) # rubocop:disable Metrics/ParameterLists
-      waiter = Waiter.new(Fiber.current, :waiting, nil, watches)
+    def suspend(timeout: nil, watches: nil, unblockable: false, ready: false, first: false, to: nil, what: nil) # rubocop:disable Metrics/ParameterLists
+      waiter = Waiter.new(Fiber.current, :waiting, nil, watches, nil, nil, what || [to ? :start : :yield, to], @clock)
       forks = @forks
       @waiting += 1
       early = @early_unblock.equal?(waiter.fiber)
@@ -289,7 +291,7 @@ module Evt
 
     def wait_io(io, events, timeout)
       until_done(timeout) do |left|
-        result = suspend(timeout: left, watches: [[io, events]])
+        result = suspend(timeout: left, watches: [[io, events]], what: [:io, io])
         # Made ready, then closed by a fiber that ran first: closed under the wait all the same.
         raise IOError, "stream closed in another thread" if result == :closed || (result.is_a?(Integer) && io.closed?)
 
@@ -297,8 +299,9 @@ module Evt
       end
     end
 
-    def block_fiber(timeout)
-      until_done(timeout) { |left| { unblocked: true, timed_out: false }[suspend(timeout: left, unblockable: true)] }
+    def block_fiber(timeout, blocker = nil)
+      what = [blocker ? :block : :sleep, blocker]
+      until_done(timeout) { |left| { unblocked: true, timed_out: false }[suspend(timeout: left, unblockable: true, what: what)] }
     end
 
     # ---- running -------------------------------------------------------------------------------
@@ -332,7 +335,9 @@ module Evt
         end
       end.tap(&:transfer)
       @current = nil # until the new fiber says it runs
+      beat(@loop_fiber) if @stall
       @launcher.transfer(fiber)
+      beat(@current || fiber) if @stall
       error, @launch_error = @launch_error, nil
       raise error if error
     ensure
@@ -342,10 +347,12 @@ module Evt
 
     # Runs `fiber` (or raises `exception` in it) until it waits or ends.
     def switch_to(fiber, exception = nil)
+      beat(@loop_fiber) if @stall
       @current = fiber
       @resumes[fiber] = (@resumes[fiber] || 0) + 1 if @resumes
       exception ? fiber.raise(exception) : fiber.transfer
     ensure
+      beat(@current || fiber) if @stall
       @current = @loop_fiber
       @early_unblock = nil if @early_unblock.equal?(fiber)
     end
@@ -374,8 +381,11 @@ module Evt
       @running += 1
       while true # rubocop:disable Style/InfiniteLoop
         serve_requests(interrupts: true) unless @requests.empty?
+        @ready_max = @ready.size if @ready.size > @ready_max
         return if resume_ready(until_waiter) || (until_waiter.nil? && @waiting.zero?)
 
+        @turns += 1
+        @clock = now
         first = @timers.first
         wait(if !@ready.empty? || !@requests.empty? then 0
              elsif first then [first.deadline - now, 0].max
@@ -383,6 +393,7 @@ module Evt
         time = now
         while (timer = @timers.first) && timer.deadline <= time
           @timers.shift
+          count_late(time - timer.deadline)
           next switch_to(timer.target.fiber, timer.target.exception) if timer.target.is_a?(Timeout)
 
           timer.target.timer = nil
@@ -412,8 +423,14 @@ module Evt
       return unless closed.empty? # their fibers are ready now
 
       @blocked = true
+      @kernel_waits += 1
+      beat(@loop_fiber) if @stall
+      started = now
       # Blocking: in a forked child the loop fiber may be a scheduled one, whose IO.select is ours.
       result = rescuing(IOError, Errno::EBADF) { Fiber.blocking { IO.select(*sets, timeout && (timeout / 1e9)) } }
+      @clock = now
+      @kernel_ns += @clock - started unless timeout&.zero?
+      beat(nil) if @stall
       @blocked = false
       wake_bad_descriptors if result.is_a?(Exception)
       serve_requests(interrupts: false) unless @requests.empty? # closes: before any event on those IOs
@@ -423,6 +440,7 @@ module Evt
         ios.each do |io|
           next Fiber.blocking { io.read_nonblock(4096, exception: false) } if io.equal?(@wakeup_r)
 
+          @events += 1
           @watched[io]&.each do |waiter, wanted|
             next if (hit = wanted & events).zero?
 
@@ -459,6 +477,7 @@ module Evt
     def serve_requests(interrupts:)
       requests = []
       requests << @requests.pop(true) until @requests.empty?
+      @requests_served += requests.size
       own = nil
       until requests.empty?
         kind, subject, argument, forks = item = requests.shift
@@ -535,7 +554,8 @@ module Evt
                 .flat_map { |ios, events| (ios || []).map { |object| [object.to_io, events] } }
       until_done(timeout) do |left|
         # Nothing to watch and no time limit: sleeps until interrupted.
-        outcome = suspend(timeout: left, watches: watches, unblockable: watches.empty? && left.nil?)
+        outcome = suspend(timeout: left, watches: watches, unblockable: watches.empty? && left.nil?,
+                          what: [:select, watches.map(&:first)])
         raise IOError, "stream closed in another thread" if outcome == :closed
 
         select_now(readables, writables, exceptables) || (outcome == :timed_out ? false : nil)
@@ -553,10 +573,10 @@ module Evt
     end
 
     # (see Evt::Loop#block)
-    def block(_blocker, timeout = nil)
+    def block(blocker, timeout = nil)
       timeout = interval(timeout, saturate: true)
       get
-      block_fiber(timeout)
+      block_fiber(timeout, blocker)
     end
 
     # (see Evt::Loop#unblock)
@@ -658,4 +678,5 @@ module Evt
 end
 
 require_relative "select_loop/io"
+require_relative "select_loop/insight"
 require_relative "select_loop/close_watch"
