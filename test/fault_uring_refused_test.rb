@@ -7,12 +7,12 @@ require "open3"
 # Fault: io_uring refused at run time, as in a container whose seccomp profile leaves it out. A
 # real refusal: test/support/seccomp_exec.c, compiled here, installs a seccomp filter under which
 # io_uring_setup fails with EPERM and execs a Ruby child. There the automatic choice must fall back
-# to epoll (and work), and asking for io_uring, by argument or EVT_BACKEND, raises ArgumentError
-# saying why. Only the child is filtered; it runs from every backend's run, in well under a second.
+# to epoll (and work), saying why in Scheduler#backend_fallbacks and, with EVT_DEBUG=1, once on
+# $stderr; asking for io_uring, by argument or EVT_BACKEND, raises ArgumentError saying why. Only the child is filtered; it runs from every backend's run, in well under a second.
 class FaultUringRefusedTest < Minitest::Test
   LIB = File.expand_path("../lib", __dir__)
   HELPER = File.expand_path("support/seccomp_exec.c", __dir__)
-  REASON = "io_uring is not permitted (kernel.io_uring_disabled, or a seccomp filter)"
+  REASON = "io_uring is refused by this process's seccomp filter (as a container's default profile does)"
 
   CHILD = <<~'RUBY'
     require "evt"
@@ -23,6 +23,7 @@ class FaultUringRefusedTest < Minitest::Test
     end
     puts Evt::Scheduler.availables.join(",")
     puts outcome { Evt::Scheduler.new.tap(&:close).backend }
+    puts outcome { Evt::Scheduler.new.tap(&:close).backend_fallbacks.inspect }
     # The fallback works: a sleep and a pipe between fibers on the backend chosen.
     puts outcome {
       Evt.run do
@@ -60,17 +61,20 @@ class FaultUringRefusedTest < Minitest::Test
     lines = Dir.mktmpdir("evt-seccomp") do |dir|
       helper = build_helper(dir)
       # The child chooses for itself: no backend or extension setting of this run reaches it.
-      env = {"EVT_BACKEND" => nil, "EVT_NO_EXTENSION" => nil}
+      env = {"EVT_BACKEND" => nil, "EVT_NO_EXTENSION" => nil, "EVT_DEBUG" => "1"}
       # (-W:no-experimental: Ruby 4.0 warns once that the IO::Buffer it hands io_read is experimental.)
       output, status = Open3.capture2e(env, helper, RbConfig.ruby, "-W:no-experimental", "-I", LIB, "-e", CHILD)
       skip "seccomp is not available here: #{output}" if status.exitstatus == 77
       assert_predicate status, :success?, output
       output.lines.map(&:chomp)
     end
-    availables, default, run, requested, from_env = lines
+    debug = lines.delete_at(lines.index { |line| line.start_with?("evt: the ") } || lines.size)
+    availables, default, fallbacks, run, requested, from_env = lines
     expected = Evt::Scheduler.availables - [:io_uring]
     assert_equal expected.map(&:to_s), availables.split(","), "io_uring must be left out, the others kept"
     assert_equal "epoll", default, "the automatic choice falls back to epoll"
+    assert_equal({ io_uring: REASON }.inspect, fallbacks, "backend_fallbacks says why not io_uring")
+    assert_equal "evt: the epoll backend (not faster ones: io_uring: #{REASON})", debug, "EVT_DEBUG=1 says it once"
     assert_equal "fell back", run
     assert_equal "ArgumentError: evt: backend :io_uring cannot run here (#{REASON}); " \
                  "available: #{expected.map(&:inspect).join(", ")}", requested

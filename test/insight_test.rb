@@ -214,6 +214,29 @@ class InsightTest < Minitest::Test
     assert_operator busy, :>, 0.8
   end
 
+  def test_backend_fallbacks_name_each_faster_backend_that_cannot_run_here
+    scheduler = Evt::Scheduler.new
+    fallbacks = scheduler.backend_fallbacks
+    scheduler.close
+    faster = Evt.extension? ? Evt::Loop.backends.take_while { |name| name != scheduler.backend } : []
+    assert_equal faster - Evt::Scheduler.availables, fallbacks.keys - [:extension]
+    fallbacks.each_value { |reason| assert_match(/\A\S.{8,}/, reason) }
+    assert_equal Evt::EXTENSION_MISSING, fallbacks[:extension]
+  end
+
+  def test_evt_debug_prints_the_backend_once
+    script = 'require "evt"; 2.times { Evt.run { } }; puts Evt::Scheduler.new.backend'
+    saved = ENV.fetch("EVT_DEBUG", nil)
+    ENV["EVT_DEBUG"] = "1"
+    output, status = run_ruby(script, limit: 30)
+    assert status&.success?, output
+    lines = output.lines.grep(/\Aevt: the /)
+    assert_equal 1, lines.size, output
+    assert_match(/\Aevt: the #{output.lines.last.chomp} backend/, lines.first)
+  ensure
+    ENV["EVT_DEBUG"] = saved
+  end
+
   def test_stats_keys_are_the_documented_ones
     keys = with_scheduler { |scheduler| scheduler.stats.keys }
     documented = %i[backend turns kernel_waits events events_per_turn busy_seconds kernel_seconds utilization

@@ -18,6 +18,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -107,6 +108,41 @@ ring_create(struct io_uring *ring, size_t first)
     return err;
 }
 
+/* The first number on the line of `path` that starts with `prefix` (or the file's first line, for
+ * an empty prefix), or -1 when there is none or the file cannot be read. */
+static long
+number_in_file(const char *path, const char *prefix)
+{
+    FILE *file = fopen(path, "r");
+    if (!file) return -1;
+    char line[256];
+    long value = -1;
+    size_t length = strlen(prefix);
+    while (fgets(line, sizeof(line), file)) {
+        if (strncmp(line, prefix, length) != 0) continue;
+        char *end;
+        long parsed = strtol(line + length, &end, 10);
+        if (end != line + length) value = parsed;
+        break;
+    }
+    if (fclose(file) != 0) return -1;
+    return value;
+}
+
+/* Why io_uring_setup said EPERM: the sysctl (Linux 6.6), a seccomp filter, or some other policy. */
+static const char *
+refusal_reason(void)
+{
+    long disabled = number_in_file("/proc/sys/kernel/io_uring_disabled", "");
+    if (disabled == 2) return "io_uring is disabled by the sysctl kernel.io_uring_disabled = 2";
+    if (disabled == 1)
+        return "io_uring is allowed by the sysctl kernel.io_uring_disabled = 1 only to CAP_SYS_ADMIN and the "
+               "group kernel.io_uring_group, and this process has neither";
+    if (number_in_file("/proc/self/status", "Seccomp:") == 2)
+        return "io_uring is refused by this process's seccomp filter (as a container's default profile does)";
+    return "io_uring is not permitted (EPERM: neither the sysctl nor a seccomp filter; a security module?)";
+}
+
 static const char *
 probe_once(void)
 {
@@ -118,11 +154,11 @@ probe_once(void)
     /* Out of descriptors says nothing about io_uring: not remembered, and opening raises EMFILE.
      * Another error may pass too (ENOMEM: memlock), so it is not remembered either. */
     if (evt_backend_out_of_descriptors(-err)) return NULL;
+    if (err == -ENOMEM) return "io_uring_setup: out of memory (before Linux 5.12, the rings count against ulimit -l)";
     if (err < 0 && err != -ENOSYS && err != -EPERM) return strerror(-err);
     probed = 1;
     if (err == -ENOSYS) return probe_reason = "the kernel has no io_uring, or one older than 5.11";
-    if (err == -EPERM)
-        return probe_reason = "io_uring is not permitted (kernel.io_uring_disabled, or a seccomp filter)";
+    if (err == -EPERM) return probe_reason = refusal_reason();
     if (err < 0) return probe_reason = strerror(-err);
     struct io_uring_probe *probe = io_uring_get_probe_ring(&ring);
     static const int needed[] = {IORING_OP_POLL_ADD, IORING_OP_POLL_REMOVE, IORING_OP_ASYNC_CANCEL, IORING_OP_READ,

@@ -105,6 +105,22 @@ module Evt
                    pool: @pool ? @pool.stats : { queued: 0, running: 0, done: 0 })
     end
 
+    # Why this scheduler's backend is not a faster one: each backend faster than the one in use that
+    # cannot run here, with why (io_uring refused by a seccomp filter or the kernel.io_uring_disabled
+    # sysctl, a kernel without it...), and `:extension` with why when the C extension is not loaded.
+    # EVT_DEBUG=1 prints it once, for the first scheduler (of each Ractor).
+    # @example In a container whose seccomp profile leaves io_uring out
+    #   Evt::Scheduler.new.backend_fallbacks
+    #   # => {io_uring: "io_uring is refused by this process's seccomp filter (as a container's default profile does)"}
+    # @return [Hash{Symbol => String}] empty when the fastest backend of this build is in use
+    def backend_fallbacks
+      names = Evt.extension? ? Loop.backends : []
+      faster = names.first(names.index(backend) || names.size)
+      fallbacks = faster.to_h { |name| [name, Loop.probe(name)] }.compact
+      fallbacks[:extension] = EXTENSION_MISSING if EXTENSION_MISSING
+      fallbacks
+    end
+
     # Every fiber the loop holds: the one running (when asked from it, or from another thread while
     # it runs), the ready ones and the suspended ones, with what each waits for and since when,
     # longest waiting first.
@@ -122,6 +138,15 @@ module Evt
       @fibers_started = @fibers_finished = 0
       @doing = {}.compare_by_identity
       Insight.schedulers[self] = true
+    end
+
+    # EVT_DEBUG=1: the backend and why not a faster one, on $stderr, for the Ractor's first scheduler.
+    def debug_backend
+      return unless ENV["EVT_DEBUG"] == "1" && !Ractor.current[:evt_debugged]
+
+      Ractor.current[:evt_debugged] = true
+      why = backend_fallbacks.map { |name, reason| "#{name}: #{reason}" }.join("; ")
+      warn "evt: the #{backend} backend#{why.empty? ? ", the fastest of this build" : " (not faster ones: #{why})"}"
     end
 
     # Runs the block with the current fiber shown as waiting for `kind` of `subject`.

@@ -82,6 +82,7 @@ module Evt
       @starting = @starting_child = nil
       super(*arguments, **options)
       @stall_watch = StallWatch.new(self, stall, on_stall) if stall
+      debug_backend
       Scheduling.warn_about_hiredis
       Scheduling.dump_on_signal
     end
@@ -92,7 +93,7 @@ module Evt
     # @return [void]
     def self.dump_on_signal
       signal = ENV.fetch("EVT_DUMP_SIGNAL", "")
-      return if signal.empty? || @dump_signal == [Process.pid, signal] || (defined?(Ractor.main) && Ractor.current != Ractor.main)
+      return if signal.empty? || Ractor.current != Ractor.main || @dump_signal == [Process.pid, signal]
 
       @dump_signal = [Process.pid, signal]
       Evt.dump_on(signal)
