@@ -69,9 +69,14 @@ module Evt
     # @param on_stall [#call, nil] called with each {StallReport}, on the watch's thread; nil: one
     #   line each on $stderr (JSON with EVT_STALL_FORMAT=json)
     # @raise [ArgumentError] pool_size is not an Integer >= 0, or stall not a positive number
-    def initialize(*arguments, pool_size: nil, stall: nil, on_stall: nil, **options)
+    # @param profiler [#start, #stop, nil, :default] a profiler run while the scheduler lives, as
+    #   async runs one: started now, on this thread, and stopped by {#scheduler_close}. :default
+    #   takes fiber-profiler's (Fiber::Profiler.default) when FIBER_PROFILER (watchdog, capture) or
+    #   FIBER_PROFILER_CAPTURE=true is set and the gem is installed; nil: none.
+    def initialize(*arguments, pool_size: nil, stall: nil, on_stall: nil, profiler: :default, **options)
       @pool_size = Scheduling.pool_size(pool_size)
       stall = StallWatch.threshold(stall)
+      profiler = Scheduling.default_profiler if profiler == :default
       @pool = nil
       @stall_watch = nil
       insight_setup
@@ -82,9 +87,24 @@ module Evt
       @starting = @starting_child = nil
       super(*arguments, **options)
       @stall_watch = StallWatch.new(self, stall, on_stall) if stall
+      @profiler = profiler&.tap(&:start)
       debug_backend
       Scheduling.warn_about_hiredis
       Scheduling.dump_on_signal
+    end
+
+    # fiber-profiler's default profiler when the environment asks for one (FIBER_PROFILER, or
+    # FIBER_PROFILER_CAPTURE=true), else nil; nil with a warning when the gem is not installed.
+    # @api private
+    # @return [Object, nil]
+    def self.default_profiler
+      return nil unless ENV.fetch("FIBER_PROFILER", "") != "" || ENV["FIBER_PROFILER_CAPTURE"] == "true"
+
+      require "fiber/profiler"
+      ::Fiber::Profiler.default
+    rescue LoadError => e
+      warn "evt: FIBER_PROFILER is set, but fiber-profiler cannot be loaded (#{e.message}): no profiler"
+      nil
     end
 
     # Sets up {Evt.dump_on} for EVT_DUMP_SIGNAL, once per process, from the main Ractor (the only
@@ -294,6 +314,7 @@ module Evt
       super
     ensure
       @stall_watch&.stop
+      @profiler&.stop
       @resolver&.close
       @pool&.close
     end
