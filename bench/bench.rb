@@ -16,6 +16,7 @@ require "timeout"
 require "tmpdir"
 require_relative "tools/chart"
 require_relative "servers/soak_server"
+require_relative "subject"
 
 module Bench
   # What each scenario declares in its file (bench/scenarios/), by name: its figure (lower is better:
@@ -191,7 +192,11 @@ module Bench
     # [[name, nil or why it cannot run]], in table order.
     def available_subjects
       subjects = [["c-epoll", c_server_problem], ["blocking", nil], ["fibers", nil], ["threads", nil]]
-      subjects += evt_backends.map { |name| ["evt-#{name}", nil] }
+      backends = evt_backends
+      subjects += backends.map { |name| ["evt-#{name}", nil] }
+      # evt with what a team leaves on in production (Bench::Subject::INSIGHT): by name only.
+      insight = backends.product(Subject::INSIGHT.keys).map { |name, kind| "evt-#{name}-#{kind}" }
+      subjects += (insight & (@options[:subjects] || [])).map { |name| [name, nil] }
       async = async_problems
       subjects += %w[async-epoll async-uring].map { |name| [name, async[name]] }
       subjects << ["carbon", carbon_problem]

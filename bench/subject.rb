@@ -4,6 +4,8 @@
 # with Fiber.schedule, and runs under the subject's scheduler:
 #
 #   evt-<backend>   Evt.run(backend: <backend>)
+#   evt-<backend>-stall  the same with stall reports on (100 ms), which nothing trips
+#   evt-<backend>-stats  the same with a fiber reading scheduler.stats once a second
 #   async-epoll     the async gem on io-event's EPoll selector
 #   async-uring     the async gem on io-event's URing selector
 #   carbon          Carbon Fiber's scheduler (the carbon_fiber gem; Ruby >= 3.4, io_uring)
@@ -12,6 +14,9 @@
 # `blocking`, `fibers` and `threads` have no scheduler; scenarios handle them in their own way.
 module Bench
   module Subject
+    # The insight subjects' suffixes: what evt runs besides the scenario.
+    INSIGHT = { "stall" => "stall reports on, threshold 100 ms", "stats" => "scheduler.stats read once a second" }.freeze
+
     module_function
 
     def fibers?(subject)
@@ -24,6 +29,12 @@ module Bench
       when /\Aevt-(\w+)\z/
         require "evt"
         Evt.run(backend: Regexp.last_match(1), &block)
+      when /\Aevt-(\w+)-stall\z/
+        require "evt"
+        run_scheduler(Evt::Scheduler.new(backend: Regexp.last_match(1), stall: 0.1), &block)
+      when /\Aevt-(\w+)-stats\z/
+        require "evt"
+        run_scheduler(Evt::Scheduler.new(backend: Regexp.last_match(1))) { with_stats_reader(&block) }
       when /\Aasync-(epoll|uring)\z/
         ENV["IO_EVENT_SELECTOR"] = Regexp.last_match(1) == "epoll" ? "EPoll" : "URing"
         require "async"
@@ -38,6 +49,31 @@ module Bench
       else
         raise ArgumentError, "#{subject} has no scheduler"
       end
+    end
+
+    # Runs the block in a fiber of `scheduler`, then the loop until every fiber has finished.
+    def run_scheduler(scheduler, &block)
+      Fiber.set_scheduler(scheduler)
+      begin
+        Fiber.schedule(&block)
+      ensure
+        Fiber.set_scheduler(nil)
+      end
+    end
+
+    # Runs the block while another fiber reads Fiber.scheduler.stats once a second, as an exporter
+    # would.
+    def with_stats_reader
+      stop = Thread::Queue.new
+      Fiber.schedule do
+        until stop.closed?
+          stop.pop(timeout: 1)
+          Fiber.scheduler.stats
+        end
+      end
+      yield
+    ensure
+      stop&.close
     end
 
     # A Fiber Scheduler of a peer that runs as one (set, then unset to run the loop to its end).
