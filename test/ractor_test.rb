@@ -160,6 +160,32 @@ module RactorWork
     rounds
   end
 
+  # Stall reports, the fiber list and the counters of a loop in this Ractor: the reports' states and
+  # whether one named the spinning method, the waits the list shows, the timers the stats counted.
+  def insight
+    reports = Thread::Queue.new
+    scheduler = Evt::Scheduler.new(stall: 0.1, on_stall: ->(report) { reports << report })
+    waits = fired = nil
+    begin
+      Fiber.set_scheduler(scheduler)
+      reader, writer = IO.pipe
+      Fiber.schedule { reader.read(1) }
+      Fiber.schedule do
+        waits = Fiber.scheduler.fibers.map(&:wait)
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+        nil while reports.empty? && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+        5.times { sleep 0.001 }
+        fired = Fiber.scheduler.stats[:timers_fired]
+        writer.write("x")
+      end
+    ensure
+      Fiber.set_scheduler(nil)
+    end
+    found = Array.new(reports.size) { reports.pop }
+    [found.map(&:state), found.any? { |report| report.backtrace&.any? { |frame| frame.include?("insight'") } },
+     waits.compact.sort, fired]
+  end
+
   # A thread of this Ractor closes an IO a fiber of this Ractor waits on.
   def close_from_thread
     error = nil
@@ -192,6 +218,14 @@ class RactorTest < Minitest::Test
     scheduler, woke = RactorWork.in_ractor(:sleeps)
     assert_nil scheduler, "the scheduler is the Ractor's thread's, and Evt.run takes it away again"
     assert_equal [0.01, 0.02, 0.03], woke
+  end
+
+  def test_stall_reports_fibers_and_stats_in_a_ractor
+    states, named, waits, fired = RactorWork.in_ractor(:insight)
+    assert_equal %i[ended ongoing], states.uniq.sort
+    assert named, "no report's backtrace was in the spinning fiber"
+    assert_equal %i[io], waits
+    assert_equal 5, fired
   end
 
   def test_sockets_pipes_and_files_in_a_ractor
