@@ -189,7 +189,7 @@ module Evt
     end
 
     def backtrace_of(state, thread)
-      return caller(3) if state.fiber.equal?(Fiber.current)
+      return caller.drop_while { |frame| frame.start_with?(__FILE__) } if state.fiber.equal?(Fiber.current)
       return thread&.backtrace if state.state == :running
 
       state.fiber.backtrace
