@@ -202,13 +202,14 @@ evt_core_wake(struct evt_loop *loop)
 
 /* The thread passes through the loop (a switch to or from a fiber, a kernel wait's edges): with
  * stall reports on, a hold of the thread by `holder` since the last pass that lasted past the
- * threshold while fibers waited is recorded as over. `holder` nil: the time was the kernel's. */
+ * threshold is recorded as over: a fiber's, or the thread's own code's (the loop fiber's) while
+ * fibers waited. `holder` nil: the time was the kernel's. */
 static inline void
 evt_core_beat(struct evt_loop *loop, VALUE holder)
 {
     if (RB_LIKELY(!loop->stall.threshold_ns)) return;
     int64_t now = evt_timers_now(), held = now - loop->stall.beat_ns;
-    if (!NIL_P(holder) && held >= loop->stall.threshold_ns && loop->waiting) {
+    if (!NIL_P(holder) && held >= loop->stall.threshold_ns && (holder != loop->loop_fiber || loop->waiting)) {
         loop->stall.ended++;
         loop->stall.ended_ns = held;
         loop->stall.ended_fiber = holder;

@@ -97,8 +97,8 @@ module Evt
 
     # backtraces: backtrace => how many samples found it
     Stall = Struct.new(:beat, :fiber, :backtraces, :samples, :next_report) do
-      # @return [Array<String>, nil] the backtrace most samples found
-      def backtrace = backtraces.max_by { |_, count| count }&.first
+      # @return [Array<String>, nil] the backtrace most samples found (of a tie, the latest)
+      def backtrace = backtraces.to_a.reverse.max_by { |_, count| count }&.first
     end
     private_constant :Stall
 
@@ -111,8 +111,9 @@ module Evt
       stopping = false
       until stopping
         @stop.pop(timeout: interval)
-        stopping = @stop.closed? # a last look, for a stall that ended as the scheduler closed
         beat, holder, ended, ended_ns, ended_fiber, thread = state
+        # A last look, for a stall that ended as the scheduler closed (or its thread, unclosed):
+        stopping = @stop.closed? || !thread&.alive?
         if ended != ended_seen
           ended_seen = ended
           same = stall && stall.beat != beat
@@ -125,7 +126,7 @@ module Evt
         stall ||= Stall.new(beat, holder, {}, 0, @threshold)
         sample = thread&.backtrace
         if sample
-          stall.backtraces[sample] = stall.backtraces.delete(sample).to_i + 1 # the latest last: max_by keeps the first of a tie
+          stall.backtraces[sample] = stall.backtraces.delete(sample).to_i + 1 # the latest found last
           stall.samples += 1
         end
         next if held < stall.next_report

@@ -84,10 +84,12 @@ module Evt
     end
 
     # The thread passes through the loop: a hold by `holder` (nil: the kernel's wait) past the
-    # threshold while fibers waited is over.
+    # threshold is over (the thread's own code's, the loop fiber's, only while fibers waited).
     def beat(holder)
       time = now
-      @ended = [@ended[0] + 1, time - @beat, holder] if holder && time - @beat >= @stall && @waiting.positive?
+      if holder && time - @beat >= @stall && (!holder.equal?(@loop_fiber) || @waiting.positive?)
+        @ended = [@ended[0] + 1, time - @beat, holder]
+      end
       @beat = time
     end
   end
