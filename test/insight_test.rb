@@ -154,6 +154,26 @@ class InsightTest < Minitest::Test
     [server, reader, writer].each { |io| io&.close }
   end
 
+  def test_evt_dump_signal_sets_up_the_dump_from_the_environment
+    skip "no SIGUSR2 here" unless Signal.list.key?("USR2")
+    script = <<~RUBY
+      require "evt"
+      Evt.run do
+        Fiber.schedule { sleep 0.5 }
+        Process.kill(:USR2, Process.pid)
+        sleep 0.2
+      end
+    RUBY
+    saved = ENV.fetch("EVT_DUMP_SIGNAL", nil)
+    ENV["EVT_DUMP_SIGNAL"] = "USR2"
+    output, status = run_ruby(script, limit: 30)
+    assert status&.success?, output
+    assert_match(/^evt: dump of pid \d+ at /, output)
+    assert_match(/^fiber \d+ \[sleep, .*deadline in /, output)
+  ensure
+    ENV["EVT_DUMP_SIGNAL"] = saved
+  end
+
   def test_stats_count_a_thousand_sleeps_as_timers_fired
     with_scheduler do |scheduler|
       before = scheduler.stats
