@@ -312,19 +312,24 @@ module Evt
   # @example Choosing the backend
   #   Evt.run(backend: :epoll) { Fiber.current_scheduler.backend } # => :epoll
   #
+  # @example Stall reports on
+  #   Evt.run(stall: 0.1) { sleep 0.01 } # a fiber holding the thread 100 ms would be reported
+  #
   # @param backend [Symbol, String, nil] the event mechanism; nil: the default (see
   #   {Scheduler#initialize})
+  # @param options [Hash] the scheduler's other options: pool_size:, stall:, on_stall:, profiler:
+  #   (see {Scheduling#initialize})
   # @yieldreturn [Object] the value {run} returns
   # @return [Object] the block's value
   # @raise [Exception] the exception that ended the block, raised here once the loop is done
   # @raise [ArgumentError] no block, or an unknown backend
-  def self.run(backend: nil, &block)
+  def self.run(backend: nil, **options, &block)
     raise ArgumentError, "Evt.run needs a block" unless block
 
     current = Fiber.scheduler
     return yield if current && !Fiber.current.blocking?
 
-    scheduler = Scheduler.new(backend: backend)
+    scheduler = Scheduler.new(backend: backend, **options)
     outcome = nil
     Fiber.set_scheduler(scheduler)
     begin

@@ -24,6 +24,7 @@ class TypesTest < Minitest::Test
       "api: ok",
       "run: slept at once, ping pong, pipe, queue, timeout, mutex, close",
       "scheduler: process, address_resolve, zlib, yield",
+      "insight: stats, fibers, dump, stall reports",
       "select scheduler: hello",
       "workers: served by worker 0, twice",
       EvtTest::SELECT ? "selector: none on the pure-Ruby loop" : "selector: hello",

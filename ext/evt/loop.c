@@ -371,7 +371,7 @@ wait_in_kernel(struct evt_loop *loop, int64_t timeout)
     }
     else {
         evt_core_beat(loop, loop->loop_fiber);
-        int64_t start = evt_timers_now();
+        int64_t start = loop->stats.clock_ns; /* the turn's: read just before (turn) */
         loop->kernel.woken = 0; /* under the GVL, as every evt_core_wake */
         __atomic_store_n(&loop->kernel.blocked, 1, __ATOMIC_SEQ_CST);
         /* RB_NOGVL_INTR_FAIL: no interrupt check on the way out, where an exception would lose the

@@ -19,6 +19,7 @@ require "evt"
 require "socket"
 require "timeout"
 require "zlib"
+require "tempfile"
 
 Warning[:experimental] = false # IO::Buffer's warning (the test wants nothing on stderr)
 
@@ -144,6 +145,29 @@ check "zlib", results[:zlib] == 200_000
 check "yield", results[:yield]
 check "closed", scheduler.closed?
 puts "scheduler: process, address_resolve, zlib, yield"
+
+# ---- what a scheduler shows of itself: stats, fibers, the dump, stall reports, fallbacks ----------
+reports = []
+insight = Evt::Scheduler.new(backend: backend, stall: 0.05, on_stall: ->(report) { reports << report })
+check "backend_fallbacks", insight.backend_fallbacks.is_a?(Hash)
+Fiber.set_scheduler(insight)
+waiting, pipe_writer = IO.pipe
+Fiber.schedule { waiting.read(1) }
+Fiber.schedule do
+  states = insight.fibers
+  check "fibers", states.map(&:wait).compact == [:io] && states.all? { |state| state.to_s.start_with?("fiber ") }
+  dump = Tempfile.create("dump")
+  Evt.dump(dump)
+  check "dump", dump.size.positive?
+  dump.close
+  finish = clock + 5
+  nil while reports.empty? && clock < finish # held past the threshold: a report while it goes on
+  check "stats", insight.stats[:fibers_alive] == 2
+  pipe_writer.write("x")
+end
+Fiber.set_scheduler(nil)
+check "stall reports", reports.map(&:state).uniq.sort == %i[ended ongoing] && reports.first.to_json.start_with?("{")
+puts "insight: stats, fibers, dump, stall reports"
 
 # ---- Evt::SelectScheduler, the pure-Ruby loop, on request --------------------------------------------
 select_scheduler = Evt::SelectScheduler.new(pool_size: 0)
