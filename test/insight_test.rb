@@ -71,7 +71,11 @@ class InsightTest < Minitest::Test
       lines, pid = stick_fibers(scheduler, reader, queue, Thread::Mutex.new, gate)
       Fiber.schedule do
         sleep 0.01 until scheduler.stats[:pool][:running] == 1 # the worker has the operation
-        check_fibers(scheduler.fibers, lines, reader, queue, pid)
+        states = scheduler.fibers
+        check_fibers(states, lines, reader, queue, pid)
+        expected = states.reject { |state| state.state == :running }.map(&:wait).tally
+        assert_equal expected.sort.to_h, scheduler.stats[:waits].sort.to_h, "stats[:waits] counts what #fibers lists"
+        assert_equal 1, expected[:blocking]
       ensure
         writer.write("x")
         queue << 1

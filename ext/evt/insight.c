@@ -174,6 +174,58 @@ loop_waits(VALUE self)
     return rb_ensure(list_waits, (VALUE)&listing, free_seen, (VALUE)&listing);
 }
 
+struct counting {
+    struct evt_loop *loop;
+    VALUE counts;  /* kind => how many */
+    VALUE skipped; /* fiber => anything: not counted (nil: none) */
+    st_table *seen;
+};
+
+/* One waiter, once, by the kind of its wait (as list_waiter would name it). */
+static int
+count_waiter(struct evt_waiter *w, void *ptr)
+{
+    struct counting *counting = ptr;
+    if (w->owner) w = w->owner;
+    if (st_lookup(counting->seen, (st_data_t)w, NULL)) return 0;
+    st_insert(counting->seen, (st_data_t)w, 0);
+    if (!NIL_P(counting->skipped) && rb_hash_lookup2(counting->skipped, w->fiber, Qundef) != Qundef) return 0;
+    VALUE kind = w->allocated ? (w->allocated == EVT_HEAP_PUSHED ? sym_pushed : sym_switched)
+                              : kind_of_wait((const struct evt_wait *)w);
+    VALUE count = rb_hash_lookup2(counting->counts, kind, INT2FIX(0));
+    rb_hash_aset(counting->counts, kind, LONG2FIX(FIX2LONG(count) + 1));
+    return 0;
+}
+
+static VALUE
+count_waits(VALUE ptr)
+{
+    struct counting *counting = (struct counting *)ptr;
+    evt_object_each_waiter(counting->loop, count_waiter, counting);
+    return counting->counts;
+}
+
+static VALUE
+free_counted(VALUE ptr)
+{
+    st_free_table(((struct counting *)ptr)->seen);
+    return Qnil;
+}
+
+/*
+ * wait_counts(skipped = nil) -> Hash (private)
+ *
+ * The waits of the loop by kind (as #waits names them, timeouts left out), without a fiber's
+ * details: for stats, read often. The fibers that are keys of `skipped` are not counted.
+ */
+static VALUE
+loop_wait_counts(int argc, VALUE *argv, VALUE self)
+{
+    rb_check_arity(argc, 0, 1);
+    struct counting counting = {evt_object_check(self), rb_hash_new(), argc ? argv[0] : Qnil, st_init_numtable()};
+    return rb_ensure(count_waits, (VALUE)&counting, free_counted, (VALUE)&counting);
+}
+
 /* ---- the stall watch ------------------------------------------------------------------------ */
 
 /*
@@ -225,6 +277,7 @@ evt_insight_init(VALUE klass)
 #undef SYMBOL
     rb_define_method(klass, "stats", loop_stats, 0);
     rb_define_private_method(klass, "waits", loop_waits, 0);
+    rb_define_private_method(klass, "wait_counts", loop_wait_counts, -1);
     rb_define_private_method(klass, "stall_threshold=", loop_set_stall_threshold, 1);
     rb_define_private_method(klass, "stall_state", loop_stall_state, 0);
 }

@@ -98,8 +98,8 @@ module Evt
     # @return [Hash{Symbol => Object}] a new Hash each call
     def stats
       counts = super
-      waits = Hash.new(0)
-      fiber_states(backtraces: false).each_value { |state| waits[state.wait] += 1 if state.wait }
+      waits = wait_counts(@doing.empty? ? nil : @doing)
+      @doing.each_value { |kind, _, _| waits[kind] = waits.fetch(kind, 0) + 1 }
       counts.merge(fibers_started: @fibers_started, fibers_finished: @fibers_finished,
                    fibers_alive: @fibers_started - @fibers_finished, waits: waits,
                    pool: @pool ? @pool.stats : { queued: 0, running: 0, done: 0 })

@@ -72,6 +72,14 @@ module Evt
       list
     end
 
+    # (see ext/evt/insight.c's wait_counts)
+    def wait_counts(skipped = nil)
+      counts = Hash.new(0)
+      waits.each { |fiber, _, kind| counts[kind] += 1 unless kind == :timeout || skipped&.key?(fiber) }
+      counts.default = nil
+      counts
+    end
+
     def stall_threshold=(ns)
       @beat = now
       @stall = ns
