@@ -36,15 +36,15 @@ module Evt
     # @return [Float, nil] seconds it has waited so far
     def waited = since && [Insight.clock - since, 0.0].max
 
-    # The fiber as a dump's header line shows it: `fiber 1234 [io read fd=7, 3.2 s, timeout in 0.8 s]`.
+    # The fiber as a dump's header line shows it: `fiber 1234 [io fd=7 read, 3.2 s, timeout in 0.8 s]`.
     # @return [String]
     def to_s
       what = [wait ? wait.to_s : state.to_s]
       what << "fd=#{fd}" if fd
       what << events.join("/") if events && !events.empty?
-      what << describe_subject if subject && !%i[io].include?(wait)
+      what << describe_subject if subject && wait != :io
       details = [what.join(" ")]
-      details << "#{state}" if wait && state != :suspended
+      details << state.to_s if wait && state != :suspended
       details << format("%.1f s", waited) if waited
       details << format("deadline in %.1f s", deadline) if deadline
       details << format("timeout in %.1f s", timeout) if timeout
