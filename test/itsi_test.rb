@@ -73,9 +73,13 @@ class ItsiTest < Minitest::Test
   end
 
   # A request blocked in the app (Queue#pop: block) leaves the worker's one thread free for the
-  # others, one of which unblocks it (Queue#push: unblock).
+  # others, one of which unblocks it (Queue#push: unblock). The server is then killed, not asked to
+  # stop: after this exchange Itsi's own shutdown sometimes never ends, with Async::Scheduler as
+  # with evt's (one run in 3 to 9 beside a CPU hog here). Its request-pulling fiber blocks again
+  # after the wake for the shutdown, and its waker thread sends no further unblock. The other test
+  # checks that Itsi stops cleanly on SIGTERM under evt.
   def test_a_request_waiting_for_another_one_is_answered_when_that_one_comes
-    with_itsi do |port|
+    with_itsi(stop: false) do |port|
       waiter = Thread.new { get(port, "/wait") }
       deadline = monotonic + TIMEOUT
       until (waiting = get(port, "/waiting")) == "1" || !waiter.alive?
@@ -101,8 +105,8 @@ class ItsiTest < Minitest::Test
   end
 
   # Starts Itsi on a free loopback port, yields that port, stops the server with SIGTERM and checks
-  # that it ended well. The process group goes in any case.
-  def with_itsi
+  # that it ended well (`stop`; else it is killed). The process group goes in any case.
+  def with_itsi(stop: true)
     Dir.mktmpdir("evt-itsi") do |dir|
       File.write(File.join(dir, "Itsi.rb"), ITSI_RB)
       File.write(File.join(dir, "config.ru"), CONFIG_RU)
@@ -110,6 +114,8 @@ class ItsiTest < Minitest::Test
       pid, port = start_itsi(dir)
       begin
         yield port
+        next unless stop
+
         Process.kill("TERM", pid)
         # Three times the others: under bin/test --asan (libasan preloaded) one stop took longer than 20 s.
         _, status = begin
