@@ -163,7 +163,7 @@ module RactorWork
   # Stall reports, the fiber list and the counters of a loop in this Ractor: the reports' states and
   # whether one named the spinning method, the waits the list shows, the timers the stats counted.
   def insight
-    reports = Thread::Queue.new
+    reports = [] # appended to by the watch's thread
     scheduler = Evt::Scheduler.new(stall: 0.1, on_stall: ->(report) { reports << report })
     waits = fired = nil
     begin
@@ -173,7 +173,7 @@ module RactorWork
       Fiber.schedule do
         waits = Fiber.scheduler.fibers.map(&:wait)
         deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
-        nil while reports.empty? && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+        nil until reports.any? { |report| report.state == :ongoing } || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
         5.times { sleep 0.001 }
         fired = Fiber.scheduler.stats[:timers_fired]
         writer.write("x")
@@ -181,7 +181,7 @@ module RactorWork
     ensure
       Fiber.set_scheduler(nil)
     end
-    found = Array.new(reports.size) { reports.pop }
+    found = reports.dup
     [found.map(&:state), found.any? { |report| report.backtrace&.any? { |frame| frame.include?("insight'") } },
      waits.compact.sort, fired]
   end
