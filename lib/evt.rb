@@ -188,12 +188,14 @@ end
 
 module Evt
   # Ruby releases with a bug of their own that evt's users meet: version => what the bug is and
-  # which release to take instead. `require "evt"` warns on these ({ruby_warning}).
+  # which release to take instead: always a later one, as the earlier releases of each series lack
+  # security fixes (4.0.0-4.0.4 CVE-2026-46727; 3.4.9 others). `require "evt"` warns on these
+  # ({ruby_warning}).
   RUBY_BUGS = {
-    "3.4.10" => "3.4.9", "4.0.4" => "4.0.3", "4.0.5" => "4.0.3", "4.0.6" => "4.0.3",
-  }.transform_values do |before|
-    "a use-after-free in fiber switching (Ruby Bug #22196, fixed by ruby/ruby#17957): " \
-      "use #{before}, or a later release with the fix"
+    "3.4.10" => "the next 3.4 release (3.4.11 or later)", "4.0.4" => "4.0.7 or later",
+    "4.0.5" => "4.0.7 or later", "4.0.6" => "4.0.7 or later",
+  }.transform_values do |fixed|
+    "a use-after-free in fiber switching (Ruby Bug #22196, fixed by ruby/ruby#17957): use #{fixed}"
   end.freeze
 
   # The warning `require "evt"` prints for Ruby `version` (see {RUBY_BUGS}).

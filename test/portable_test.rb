@@ -110,6 +110,16 @@ class PortableTest < Minitest::Test
       assert_match(/\Aevt: Ruby #{Regexp.escape(version)} has a use-after-free in fiber switching \(Ruby Bug #22196/,
                    Evt.ruby_warning(version))
     end
+    # The advice is a later release: never one that lacks the security fixes of the series.
+    assert_match(/use 4\.0\.7 or later/, Evt.ruby_warning("4.0.5"))
+    assert_match(/use the next 3\.4 release \(3\.4\.11 or later\)/, Evt.ruby_warning("3.4.10"))
+    Evt::RUBY_BUGS.each_key do |version|
+      Evt.ruby_warning(version).scan(/\b(\d+\.\d+\.\d+)\b/).flatten.each do |named|
+        next if named == version
+
+        assert_operator Gem::Version.new(named), :>, Gem::Version.new(version), "#{version} advises #{named}"
+      end
+    end
     %w[3.3.8 3.4.5 3.4.9 4.0.0 4.0.3].each { |version| assert_nil Evt.ruby_warning(version), version }
     _, err, status = run_ruby(<<~RUBY)
       Object.send(:remove_const, :RUBY_VERSION)
