@@ -4,33 +4,74 @@ require_relative "evt/version"
 require_relative "evt/hook_table"
 
 module Evt
-  # Loads the C extension (Evt::Loop and its backends); nil when it is loaded, else why not. Where
-  # it cannot be built or loaded (no compiler, JRuby, TruffleRuby, Windows), evt runs on the
-  # pure-Ruby select backend; EVT_NO_EXTENSION=1 asks for that path.
+  # The error `require "evt"` raises under EVT_REQUIRE_EXTENSION=1 when the C extension cannot be
+  # loaded: its message says why, and what to run.
+  class ExtensionMissing < LoadError; end
+
+  # Loads the C extension (Evt::Loop and its backends); nil when it is loaded, else why not and what
+  # to do about it. Where it cannot be built or loaded (no compiler, JRuby, TruffleRuby, Windows),
+  # evt runs on the pure-Ruby select backend; EVT_NO_EXTENSION=1 asks for that path.
   # @api private
   # @return [String, nil]
   def self.load_extension
     return "EVT_NO_EXTENSION=1" if ENV["EVT_NO_EXTENSION"] == "1"
 
+    # A development build (rake compile; a precompiled gem has one per Ruby series), else the
+    # build of a gem installed from source.
+    features = ["evt/#{RUBY_VERSION[/\A\d+\.\d+/]}/evt", "evt/evt"]
+    found = features.filter_map { |feature| $LOAD_PATH.resolve_feature_path(feature) }.find { |kind, _| kind == :so }
+    return extension_not_built unless found
+
     begin
-      require "evt/#{RUBY_VERSION[/\A\d+\.\d+/]}/evt" # a development build (rake compile)
-    rescue LoadError
-      require "evt/evt" # the installed gem's build
+      require found.last
+    rescue LoadError => e
+      return "#{found.last} cannot be loaded: #{e.message}#{extension_advice(e.message)}"
     end
     nil
-  rescue LoadError => e
-    e.message
   end
   private_class_method :load_extension
+
+  # Why no build of the extension was found, and what to run: in a checkout (a Gemfile's `path:`,
+  # which compiles nothing), rake compile; in an installed gem, its build log.
+  # @api private
+  # @return [String]
+  def self.extension_not_built
+    root = File.expand_path("..", __dir__)
+    if File.exist?(File.join(root, "Rakefile")) && File.exist?(File.join(root, "ext/evt/extconf.rb"))
+      return "it is not built in this checkout (a Gemfile's path: compiles nothing): run " \
+             "`bundle exec rake compile` in #{root} (it needs a C compiler, and liburing's headers for io_uring)"
+    end
+
+    log = Gem.loaded_specs["evt"]&.extension_dir&.then { |dir| File.join(dir, "gem_make.out") }
+    "it was not built when the gem was installed#{log && File.exist?(log) ? " (#{log} says why)" : ""}: " \
+      "install a C compiler (and liburing's headers for io_uring) and run `gem pristine evt`, " \
+      "or install the precompiled gem of your platform"
+  end
+  private_class_method :extension_not_built
+
+  # @api private
+  # @param message [String] the loader's
+  # @return [String] what to do, for the failures evt knows
+  def self.extension_advice(message)
+    return "" unless message.include?("liburing")
+
+    " (the build links the system's liburing, which is not installed here: install it, as " \
+      "Debian's and Ubuntu's liburing2 package, or use the precompiled gem, which carries its own)"
+  end
+  private_class_method :extension_advice
 
   # The pure-Ruby loop: loaded at its first use (without the extension, at once).
   autoload :SelectLoop, File.expand_path("evt/select_loop", __dir__)
 
-  # Why the C extension is not in use (the LoadError's message, or "EVT_NO_EXTENSION=1"), or nil
-  # when it is loaded. {extension?} is the yes-or-no form.
+  # Why the C extension is not in use (what the loader said and what to do, or
+  # "EVT_NO_EXTENSION=1"), or nil when it is loaded. {extension?} is the yes-or-no form.
   EXTENSION_MISSING = load_extension
   if EXTENSION_MISSING
-    warn "evt: the C extension is not loaded (#{EXTENSION_MISSING}): using the pure-Ruby select backend" \
+    if ENV["EVT_REQUIRE_EXTENSION"] == "1"
+      raise ExtensionMissing, "evt: EVT_REQUIRE_EXTENSION=1, and the C extension is not loaded: #{EXTENSION_MISSING}"
+    end
+
+    warn "evt: the C extension is not loaded (#{EXTENSION_MISSING}); using the pure-Ruby select backend" \
       unless ENV["EVT_NO_EXTENSION"] == "1"
     # The loop Evt::Scheduler runs on: the select loop, where the extension would have put its own.
     class Loop < SelectLoop; end

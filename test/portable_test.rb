@@ -98,8 +98,81 @@ class PortableTest < Minitest::Test
       # io_read, is experimental.)
       lines = err.lines.reject { |line| line.include?("IO::Buffer is experimental") }
       assert_equal 1, lines.size, err
-      assert_match(/evt: the C extension is not loaded .*: using the pure-Ruby select backend/, lines.first)
+      assert_match(/evt: the C extension is not loaded \(it was not built when the gem was installed.*`gem pristine evt`.*\); using the pure-Ruby select backend/, lines.first)
     end
+  end
+
+  # A copy of lib/ (and, for a checkout, the Rakefile and ext/ beside it), without the build.
+  def without_build(checkout: false)
+    Dir.mktmpdir do |root|
+      lib = File.join(root, "lib")
+      Dir.glob("**/*.rb", base: LIB).each do |path|
+        FileUtils.mkdir_p(File.join(lib, File.dirname(path)))
+        FileUtils.cp(File.join(LIB, path), File.join(lib, path))
+      end
+      if checkout
+        FileUtils.mkdir_p(File.join(root, "ext/evt"))
+        FileUtils.cp(File.expand_path("../ext/evt/extconf.rb", __dir__), File.join(root, "ext/evt"))
+        FileUtils.cp(File.expand_path("../Rakefile", __dir__), root)
+      end
+      yield root, lib
+    end
+  end
+
+  # A Gemfile's path: compiles nothing: the warning names the command that builds the extension.
+  def test_a_checkout_without_the_build_is_told_to_run_rake_compile
+    without_build(checkout: true) do |root, lib|
+      out, err, status = run_ruby('require "evt"; p Evt.extension?', lib: lib, env: {"EVT_NO_EXTENSION" => nil})
+      assert status.success?, err
+      assert_equal "false\n", out
+      assert_includes err, "evt: the C extension is not loaded (it is not built in this checkout"
+      assert_includes err, "run `bundle exec rake compile` in #{root}"
+    end
+  end
+
+  # Strict mode: a broken install fails at require, saying why and what to run, instead of running
+  # on the pure-Ruby loop.
+  def test_evt_require_extension_raises_naming_why_and_what_to_run
+    without_build(checkout: true) do |root, lib|
+      script = <<~RUBY
+        begin
+          require "evt"
+        rescue LoadError => e
+          p [e.class, defined?(Evt::Scheduler)]
+          puts e.message
+        end
+      RUBY
+      out, err, status = run_ruby(script, lib: lib, env: {"EVT_NO_EXTENSION" => nil, "EVT_REQUIRE_EXTENSION" => "1"})
+      assert status.success?, err
+      first, message = out.lines
+      assert_equal "[Evt::ExtensionMissing, nil]\n", first
+      assert_match(/\Aevt: EVT_REQUIRE_EXTENSION=1, and the C extension is not loaded: it is not built in this checkout/, message)
+      assert_includes message, "`bundle exec rake compile` in #{root}"
+      refute_includes err, "pure-Ruby", "no fallback warning when the require fails"
+    end
+    _, err, status = run_ruby('require "evt"', env: {"EVT_NO_EXTENSION" => "1", "EVT_REQUIRE_EXTENSION" => "1"})
+    refute status.success?
+    assert_includes err, "EVT_REQUIRE_EXTENSION=1, and the C extension is not loaded: EVT_NO_EXTENSION=1 (Evt::ExtensionMissing)"
+    skip "no extension to require" unless Evt.extension?
+    out, err, status = run_ruby('require "evt"; p Evt.extension?', env: {"EVT_REQUIRE_EXTENSION" => "1"})
+    assert status.success?, err
+    assert_equal "true\n", out
+  end
+
+  # A build that is there but does not load (here: not a shared object at all) is named with the
+  # loader's reason; a missing liburing gets what to install.
+  def test_a_build_that_does_not_load_is_named_with_the_loaders_reason
+    without_build do |_, lib|
+      so = File.join(lib, "evt", RUBY_VERSION[/\A\d+\.\d+/], "evt.#{RbConfig::CONFIG["DLEXT"]}")
+      FileUtils.mkdir_p(File.dirname(so))
+      File.write(so, "not an object file")
+      _, err, status = run_ruby('require "evt"; p Evt.extension?', lib: lib, env: {"EVT_NO_EXTENSION" => nil})
+      assert status.success?, err
+      assert_includes err, "evt: the C extension is not loaded (#{so} cannot be loaded: "
+    end
+    advice = Evt.send(:extension_advice, "liburing.so.2: cannot open shared object file: No such file or directory")
+    assert_match(/install it, as Debian's and Ubuntu's liburing2 package, or use the precompiled gem/, advice)
+    assert_equal "", Evt.send(:extension_advice, "invalid ELF header")
   end
 
   # gem install runs extconf.rb and make: with no working compiler both must still succeed.

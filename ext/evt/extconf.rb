@@ -49,18 +49,20 @@ have_func("rb_fiber_scheduler_blocking_operation_extract", "ruby/fiber/scheduler
 # io_uring through liburing (whatever the headers say, the kernel is probed at run time).
 have_library("uring", "io_uring_queue_init_params", "liburing.h") && have_header("liburing.h")
 
-# kqueue: the kernel's own on macOS and the BSDs. On Linux, libkqueue (an emulation over epoll),
-# 2.6 or later, under the prefix EVT_LIBKQUEUE names or where pkg-config finds it: the backend is
-# then built for testing, and never chosen by default. Its library directory goes into the
-# extension's run path, so that a libkqueue outside the linker's own directories is found at run
-# time. The backend's code is compiled where HAVE_KQUEUE is defined.
+# kqueue: the kernel's own on macOS and the BSDs. On Linux, only when EVT_LIBKQUEUE asks for it:
+# libkqueue (an emulation over epoll), 2.6 or later, under the prefix it names ("pkg-config": where
+# pkg-config finds one). The backend is then built for testing, and never chosen by default; the
+# whole extension then needs that library to load, which is why a libkqueue that happens to be
+# installed is not enough. Its library directory goes into the extension's run path, so that a
+# libkqueue outside the linker's own directories is found at run time. The backend's code is
+# compiled where HAVE_KQUEUE is defined.
 if RUBY_PLATFORM.include?("linux")
   prefix = ENV.fetch("EVT_LIBKQUEUE", "")
-  unless prefix.empty?
+  unless prefix.empty? || prefix == "pkg-config"
     ENV["PKG_CONFIG_PATH"] = [File.join(prefix, "lib", "pkgconfig"), ENV.fetch("PKG_CONFIG_PATH", nil)].compact.join(":")
   end
   saved = [$CFLAGS, $INCFLAGS, $LDFLAGS, $libs].map(&:dup)
-  found = pkg_config("libkqueue") && begin
+  found = !prefix.empty? && pkg_config("libkqueue") && begin
     includedir = `pkg-config --variable=includedir libkqueue`.strip
     libdir = `pkg-config --variable=libdir libkqueue`.strip
     # Older pkg-config files name include/kqueue where the library put include/sys/event.h.
