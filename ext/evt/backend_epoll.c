@@ -17,6 +17,23 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+/* A wait with a nanosecond timeout (epoll_pwait2, Linux 5.11). The precompiled gem's build calls
+ * the system call itself: glibc has its wrapper only from 2.35, and the gem loads on 2.33. */
+#if defined(EVT_EPOLL_PWAIT2_SYSCALL)
+#include <sys/syscall.h>
+#define EPOLL_WAIT_NS 1
+static int epoll_wait_ns(int epfd, struct epoll_event *events, int capacity, const struct timespec *ts)
+{
+    return (int)syscall(SYS_epoll_pwait2, epfd, events, capacity, ts, NULL, (size_t)0);
+}
+#elif defined(HAVE_EPOLL_PWAIT2)
+#define EPOLL_WAIT_NS 1
+static int epoll_wait_ns(int epfd, struct epoll_event *events, int capacity, const struct timespec *ts)
+{
+    return epoll_pwait2(epfd, events, capacity, ts, NULL);
+}
+#endif
+
 /* Readiness travels as poll(2) bits (backend.h): epoll's have the same values. */
 _Static_assert(EPOLLIN == POLLIN && EPOLLPRI == POLLPRI && EPOLLOUT == POLLOUT && EPOLLERR == POLLERR &&
                    EPOLLHUP == POLLHUP && EPOLLRDHUP == POLLRDHUP,
@@ -114,12 +131,13 @@ epoll_wait_events(struct evt_kernel *kernel, int64_t timeout_ns)
         else if (!backend->capacity) return -ENOMEM;
     }
     int n;
-#ifdef HAVE_EPOLL_PWAIT2
-    static int pwait2_missing; /* kernels before 5.11 */
+#ifdef EPOLL_WAIT_NS
+    /* Missing before Linux 5.11; refused with EPERM by a seccomp profile that predates it. */
+    static int pwait2_missing;
     if (!pwait2_missing) {
         struct timespec ts = {timeout_ns / 1000000000, timeout_ns % 1000000000};
-        n = epoll_pwait2(backend->epfd, backend->events, backend->capacity, timeout_ns < 0 ? NULL : &ts, NULL);
-        if (n >= 0 || errno != ENOSYS) goto done;
+        n = epoll_wait_ns(backend->epfd, backend->events, backend->capacity, timeout_ns < 0 ? NULL : &ts);
+        if (n >= 0 || (errno != ENOSYS && errno != EPERM)) goto done;
         pwait2_missing = 1;
     }
 #endif
@@ -128,7 +146,7 @@ epoll_wait_events(struct evt_kernel *kernel, int64_t timeout_ns)
         int ms = timeout_ns < 0 ? -1 : timeout_ns >= (int64_t)INT_MAX * 1000000 ? INT_MAX : (int)((timeout_ns + 999999) / 1000000);
         n = epoll_wait(backend->epfd, backend->events, backend->capacity, ms);
     }
-#ifdef HAVE_EPOLL_PWAIT2
+#ifdef EPOLL_WAIT_NS
 done:
 #endif
     if (n < 0) return errno == EINTR ? 0 : -errno;

@@ -33,8 +33,13 @@ $CFLAGS << " -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-i
 have_header("sys/eventfd.h")
 
 # epoll (Linux): the backend and its nanosecond wait (kernel 5.11, glibc 2.35).
+# The precompiled gem's build makes the system call itself (glibc's wrapper needs 2.35).
 if have_header("sys/epoll.h")
-  have_func("epoll_pwait2", "sys/epoll.h")
+  if ENV["EVT_NATIVE"] == "1"
+    $defs << "-DEVT_EPOLL_PWAIT2_SYSCALL" if have_const("SYS_epoll_pwait2", "sys/syscall.h")
+  else
+    have_func("epoll_pwait2", "sys/epoll.h")
+  end
 end
 
 # poll (POSIX): the portable backend, with ppoll's nanosecond wait where there is one (Linux, the
@@ -46,8 +51,23 @@ have_func("pipe2", "unistd.h")
 # Ruby 4.0's C API for blocking_operation_wait's operations (ext/evt/blocking.c).
 have_func("rb_fiber_scheduler_blocking_operation_extract", "ruby/fiber/scheduler.h")
 
+# A build for the precompiled gem (EVT_NATIVE=1, rake native): it must load into any CRuby of its
+# series on any glibc Linux without a compiler or liburing. So: no link to libruby (the process
+# that loads it has Ruby's symbols, whether its Ruby is built shared or static), liburing linked
+# statically with its symbols kept inside, only the libraries actually used, and no libkqueue.
+native = ENV["EVT_NATIVE"] == "1"
+if native
+  $LIBRUBYARG = ""
+  $LDFLAGS << " -Wl,--as-needed -Wl,--exclude-libs,ALL"
+  ENV.delete("EVT_LIBKQUEUE")
+end
+
 # io_uring through liburing (whatever the headers say, the kernel is probed at run time).
-have_library("uring", "io_uring_queue_init_params", "liburing.h") && have_header("liburing.h")
+if have_library("uring", "io_uring_queue_init_params", "liburing.h") && have_header("liburing.h") && native
+  static = `pkg-config --variable=libdir liburing 2>/dev/null`.strip.then { |dir| File.join(dir, "liburing.a") }
+  abort "evt: EVT_NATIVE=1 needs liburing's static library (#{static}): Debian's liburing-dev has it" unless File.exist?(static)
+  $libs = $libs.sub("-luring", static)
+end
 
 # kqueue: the kernel's own on macOS and the BSDs. On Linux, only when EVT_LIBKQUEUE asks for it:
 # libkqueue (an emulation over epoll), 2.6 or later, under the prefix it names ("pkg-config": where
