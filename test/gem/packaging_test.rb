@@ -148,7 +148,7 @@ class PackagingTest < Minitest::Test
       FileUtils.mkdir_p(File.join(app, "vendor", "cache"))
       FileUtils.cp(cache, File.join(app, "vendor", "cache"))
     end
-    File.write(File.join(app, "Gemfile"), "source \"https://rubygems.org\"\n#{line}\n")
+    File.write(File.join(app, "Gemfile"), "#{line}\n") # no source: bundle install --local takes what is here
     env = { "BUNDLE_GEMFILE" => File.join(app, "Gemfile"), "BUNDLE_PATH" => File.join(app, "vendor", "bundle"),
             "BUNDLE_APP_CONFIG" => File.join(app, ".bundle"), "BUNDLE_FORCE_RUBY_PLATFORM" => nil }
     output, status = run_command(RbConfig.ruby, File.join(BINDIR, "bundle"), "install", "--local", env: env, chdir: app)
