@@ -58,7 +58,7 @@ have_func("rb_fiber_scheduler_blocking_operation_extract", "ruby/fiber/scheduler
 native = ENV["EVT_NATIVE"] == "1"
 if native
   $LIBRUBYARG = ""
-  $LDFLAGS << " -Wl,--as-needed -Wl,--exclude-libs,ALL"
+  $LDFLAGS << " -Wl,--as-needed -Wl,--exclude-libs,ALL" if RUBY_PLATFORM.include?("linux") # GNU ld's
   ENV.delete("EVT_LIBKQUEUE")
 end
 
