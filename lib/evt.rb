@@ -299,6 +299,7 @@ require_relative "evt/resolver" # loads socket
 # BasicSocket has a close_read and close_write of its own, which close the descriptor once both
 # directions are shut down: they must wake the waiters first too (ext/evt/closers.c).
 BasicSocket.prepend(Evt::SocketShutdownWakesWaiters) if defined?(Evt::SocketShutdownWakesWaiters)
+require_relative "evt/buffer_warning"
 require_relative "evt/blocking_pool"
 require_relative "evt/insight"
 require_relative "evt/stall_watch"
