@@ -63,14 +63,16 @@ module Evt
   # The pure-Ruby loop: loaded at its first use (without the extension, at once).
   autoload :SelectLoop, File.expand_path("evt/select_loop", __dir__)
 
+  missing = load_extension
+  # Strict mode raises before anything depends on the extension (a second require tries again).
+  if missing && ENV["EVT_REQUIRE_EXTENSION"] == "1"
+    raise ExtensionMissing, "evt: EVT_REQUIRE_EXTENSION=1, and the C extension is not loaded: #{missing}"
+  end
+
   # Why the C extension is not in use (what the loader said and what to do, or
   # "EVT_NO_EXTENSION=1"), or nil when it is loaded. {extension?} is the yes-or-no form.
-  EXTENSION_MISSING = load_extension
+  EXTENSION_MISSING = missing
   if EXTENSION_MISSING
-    if ENV["EVT_REQUIRE_EXTENSION"] == "1"
-      raise ExtensionMissing, "evt: EVT_REQUIRE_EXTENSION=1, and the C extension is not loaded: #{EXTENSION_MISSING}"
-    end
-
     warn "evt: the C extension is not loaded (#{EXTENSION_MISSING}); using the pure-Ruby select backend" \
       unless ENV["EVT_NO_EXTENSION"] == "1"
     # The loop Evt::Scheduler runs on: the select loop, where the extension would have put its own.

@@ -44,6 +44,30 @@ class BufferWarningTest < Minitest::Test
     refute_includes err, WARNING
   end
 
+  # Another Ractor's buffers work, and (Ruby 4.0) leave the warning kept back to the main Ractor's
+  # first buffer; before 4.0 nothing is kept back, and the Ractor's buffer warns as Ruby does.
+  def test_a_buffer_in_another_ractor_works_and_the_warning_still_comes_once
+    script = %(require "evt"; #{READ}; r = Ractor.new { IO::Buffer.new(4).size }\n) +
+             %(print r.respond_to?(:value) ? r.value : r.take\nIO::Buffer.new(1))
+    out, err = run_ruby(script)
+    assert_equal "4", out
+    assert_equal 1, err.scan(WARNING).size, err
+    assert_match(/^-e:#{RUBY_VERSION >= "4.0" ? 3 : 1}: #{WARNING}/, err)
+  end
+
+  # A module prepended to Warning after evt, over a Warning.warn that takes the message alone.
+  def test_a_warning_filter_prepended_after_evt_still_works
+    out, err = run_ruby(<<~RUBY)
+      require "evt"
+      def Warning.warn(message) = $stdout.print("mine: ", message)
+      Warning.singleton_class.prepend(Module.new { def warn(message, category: nil) = super(message) })
+      Warning[:deprecated] = true
+      warn "deprecated thing", category: :deprecated
+    RUBY
+    assert_empty err
+    assert_equal "mine: deprecated thing\n", out
+  end
+
   # A program's own Warning.warn that takes the message alone still gets every warning.
   def test_a_programs_warning_warn_without_category_still_gets_warnings
     out, err = run_ruby(<<~RUBY)

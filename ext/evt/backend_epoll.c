@@ -21,6 +21,8 @@
  * the system call itself: glibc has its wrapper only from 2.35, and the gem loads on 2.33. */
 #if defined(EVT_EPOLL_PWAIT2_SYSCALL)
 #include <sys/syscall.h>
+/* The kernel takes a struct __kernel_timespec: the same as struct timespec where time_t is 64-bit. */
+_Static_assert(sizeof(time_t) == 8, "epoll_pwait2's timespec is the kernel's only with a 64-bit time_t");
 #define EPOLL_WAIT_NS 1
 static int epoll_wait_ns(int epfd, struct epoll_event *events, int capacity, const struct timespec *ts)
 {

@@ -63,7 +63,10 @@ if native
 end
 
 # io_uring through liburing (whatever the headers say, the kernel is probed at run time).
-if have_library("uring", "io_uring_queue_init_params", "liburing.h") && have_header("liburing.h") && native
+uring = have_library("uring", "io_uring_queue_init_params", "liburing.h") && have_header("liburing.h")
+if native && RUBY_PLATFORM.include?("linux")
+  # A precompiled gem without io_uring would be a quiet loss: its build needs liburing.
+  abort "evt: EVT_NATIVE=1 needs liburing's headers and library (Debian's liburing-dev)" unless uring
   static = `pkg-config --variable=libdir liburing 2>/dev/null`.strip.then { |dir| File.join(dir, "liburing.a") }
   abort "evt: EVT_NATIVE=1 needs liburing's static library (#{static}): Debian's liburing-dev has it" unless File.exist?(static)
   $libs = $libs.sub("-luring", static)

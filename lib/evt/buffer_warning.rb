@@ -31,6 +31,10 @@ module Evt
         category == :experimental && @withheld.nil? && message.include?(MESSAGE)
       end
 
+      # Whether this is the main Ractor, whose state this module's is (other Ractors only read it).
+      # @return [Boolean]
+      def main_ractor? = Ractor.current.equal?(Ractor.main)
+
       # Whether that warning's buffer was made for a hook: no IO::Buffer method among its callers.
       # @param callers [Array<Thread::Backtrace::Location>] the warning's callers, innermost first
       # @return [Boolean]
@@ -44,16 +48,19 @@ module Evt
       # @param message [String]
       # @return [nil]
       def withhold(message)
-        return unless Ractor.current.equal?(Ractor.main) && @withheld.nil?
+        return unless main_ractor? && @withheld.nil?
 
-        @withheld = message.sub(/\A.*?warning: /m, "").chomp
+        @withheld = message.sub(/\A.*?warning: /m, "").chomp.freeze # frozen: other Ractors read it
         IO::Buffer.singleton_class.prepend(GivenAtFirstBuffer)
         nil
       end
 
-      # Gives the kept-back warning once, at the caller of the IO::Buffer constructor.
+      # Gives the kept-back warning once, at the caller of the IO::Buffer constructor (in the main
+      # Ractor: a buffer another Ractor makes leaves it for the main Ractor's first).
       # @return [nil]
       def give
+        return unless main_ractor?
+
         message = @withheld or return
         @withheld = false # given: never again, as Ruby
         Kernel.warn(message, category: :experimental, uplevel: 2)
@@ -70,9 +77,11 @@ module Evt
           return BufferWarning.withhold(message)
         end
 
-        # Ruby passes category: because this method takes it; a program's own Warning.warn below
-        # may take the message alone.
-        return super(message) if method(:warn).super_method&.arity == 1
+        # Ruby passes category: because this method takes it; the Warning.warn below this one (a
+        # program's own) may take the message alone.
+        below = method(:warn)
+        below = below.super_method until below.nil? || below.owner == Filter
+        return super(message) if below&.super_method&.arity == 1
 
         super
       end

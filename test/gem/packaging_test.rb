@@ -23,19 +23,24 @@ class PackagingTest < Minitest::Test
   CLEAN = %w[BUNDLE_GEMFILE BUNDLE_LOCKFILE BUNDLE_BIN_PATH BUNDLE_PATH BUNDLE_APP_CONFIG BUNDLER_SETUP BUNDLER_VERSION RUBYOPT RUBYLIB
              GEM_HOME GEM_PATH EVT_NO_EXTENSION EVT_BACKEND EVT_LIBKQUEUE].to_h { |name| [name, nil] }.freeze
 
-  # The gems, built once for the whole file: [source gem, platform gem], in a directory of their own.
+  # The extension's file name here (evt.so; evt.bundle on macOS).
+  DLEXT = RbConfig::CONFIG["DLEXT"]
+
+  # The gems, built once for the whole file through this checkout's bundle (which has
+  # rake-compiler, wherever it is installed): [source gem, platform gem], in a directory of their own.
   def self.gems
     @gems ||= begin
       out = Dir.mktmpdir("evt-gems")
       Minitest.after_run { FileUtils.rm_rf(out) }
-      log, status = Open3.capture2e(CLEAN.merge("PATH" => "#{BINDIR}:#{ENV.fetch("PATH")}"),
-                                    RbConfig.ruby, File.join(BINDIR, "rake"), "-f", File.join(ROOT, "Rakefile"), "gem", "native",
-                                    chdir: out)
+      log, status = Open3.capture2e({ "PATH" => "#{BINDIR}:#{ENV.fetch("PATH")}", "BUNDLE_GEMFILE" => File.join(ROOT, "Gemfile") },
+                                    RbConfig.ruby, File.join(BINDIR, "bundle"), "exec", "rake", "-f", File.join(ROOT, "Rakefile"),
+                                    "gem", "native", chdir: out)
       raise "rake gem native failed:\n#{log}" unless status.success?
 
-      [Dir[File.join(out, "pkg", "evt-*.gem")].reject { |gem| gem.include?("-linux") }.first,
-       Dir[File.join(out, "pkg", "evt-*-linux.gem")].first].tap do |found|
-        raise "rake gem native made #{Dir[File.join(out, "pkg", "*")]}:\n#{log}" if found.any?(&:nil?)
+      built = Dir[File.join(out, "pkg", "evt-*.gem")]
+      [built.find { |gem| File.basename(gem) == "evt-#{Gem::Specification.load(File.join(ROOT, "evt.gemspec")).version}.gem" },
+       built.find { |gem| gem.end_with?("-#{Gem::Platform.local}.gem") }].tap do |found|
+        raise "rake gem native made #{built}:\n#{log}" if found.any?(&:nil?)
       end
     end
   end
@@ -58,14 +63,17 @@ class PackagingTest < Minitest::Test
   end
 
   # The gemspec ships what git tracks of lib, ext, sig and docs, the README, the CHANGELOG, the
-  # licence and .yardopts (YARD's settings: `yard` in the installed gem documents it as here).
+  # licence and .yardopts (YARD's settings: `yard` in the installed gem documents it as here), and
+  # no build product of this checkout (lib/evt/<series>/evt.so are beside the sources here).
   def test_the_gemspec_ships_what_git_tracks_with_docs_and_yardopts
     tracked, status = run_command("git", "ls-files", "--", "lib", "ext", "sig", "docs", "README.md", "CHANGELOG.md", "LICENSE", ".yardopts")
     skip "not a git checkout: #{tracked}" unless status.success?
     spec = Gem::Specification.load(File.join(ROOT, "evt.gemspec"))
     assert_equal tracked.lines.map(&:chomp).sort, spec.files.sort
+    on_disk = Dir.chdir(ROOT) { Dir["docs/*.md", "lib/**/*.rb", "ext/evt/*.{c,h}", "sig/**/*.rbs"] }
+    assert_empty on_disk - spec.files, "files of the manual or the code the gem would not ship"
+    assert_empty spec.files.grep(/\.(so|bundle|o)\z|Makefile\z/)
     assert_includes spec.files, ".yardopts"
-    assert_includes spec.files, "docs/debugging.md"
     assert_equal "true", spec.metadata["rubygems_mfa_required"]
   end
 
@@ -85,11 +93,11 @@ class PackagingTest < Minitest::Test
     source, native = self.class.gems
     source_files = gem_files(source)
     native_files = gem_files(native)
-    assert_empty source_files.grep(/\.so\z/)
+    assert_empty source_files.grep(/\.#{DLEXT}\z/)
     assert_includes source_files, "ext/evt/extconf.rb"
-    builds = native_files.grep(%r{\Alib/evt/\d+\.\d+/evt\.so\z})
+    builds = native_files.grep(%r{\Alib/evt/\d+\.\d+/evt\.#{DLEXT}\z})
     series = rubies.map { |ruby| run_command(ruby, "-e", "print RUBY_VERSION[/\\A\\d+\\.\\d+/]").first }.uniq
-    assert_equal series.sort.map { |version| "lib/evt/#{version}/evt.so" }, builds.sort
+    assert_equal series.sort.map { |version| "lib/evt/#{version}/evt.#{DLEXT}" }, builds.sort
     assert_equal source_files.sort, (native_files - builds).sort
     spec = Gem::Package.new(native).spec
     assert_empty spec.extensions
@@ -98,23 +106,44 @@ class PackagingTest < Minitest::Test
     refute spec.required_ruby_version.satisfied_by?(Gem::Version.new("3.2.0"))
   end
 
+  # The README's floor for the precompiled gem: no build asks for a glibc symbol newer than 2.33.
+  def test_the_platform_gems_builds_need_glibc_2_33_at_most
+    skip "the precompiled gem is x86_64-linux's (here: #{Gem::Platform.local})" unless Gem::Platform.local.to_s == "x86_64-linux"
+    _, native = self.class.gems
+    Dir.mktmpdir do |dir|
+      output, status = run_command("sh", "-c", 'tar -xOf "$1" data.tar.gz | tar -xz -C "$2"', "sh", native, dir)
+      assert status.success?, output
+      builds = Dir[File.join(dir, "lib/evt/*/evt.so")]
+      refute_empty builds
+      builds.each do |build|
+        symbols, status = run_command("objdump", "-T", build)
+        assert status.success?, symbols
+        newest = symbols.scan(/\bGLIBC_(\d+(?:\.\d+)+)/).flatten.map { |version| Gem::Version.new(version) }.max
+        assert_operator newest, :<=, Gem::Version.new("2.33"), "#{build} needs glibc #{newest}"
+      end
+    end
+  end
+
   # The platform gem, installed with each Ruby into a root that has no compiler and no liburing:
   # its builds link the C library alone, the extension loads under EVT_REQUIRE_EXTENSION=1, and the
   # smoke suite passes on every backend.
   def test_the_platform_gem_installs_and_runs_without_a_compiler_or_liburing
+    skip "the precompiled gem is x86_64-linux's (here: #{Gem::Platform.local})" unless Gem::Platform.local.to_s == "x86_64-linux"
     _, native = self.class.gems
+    # The backends the gem's builds have here: this checkout's, less kqueue (libkqueue never linked).
+    backends, = run_command(RbConfig.ruby, "-I#{File.join(ROOT, "lib")}", "-e", 'require "evt"; print((Evt::Scheduler.availables - [:kqueue]).join(" "))')
     rubies.each do |ruby|
       output, status = run_command(File.join(__dir__, "minimal_root"), ruby, native)
       skip output if status.exitstatus == 2
       assert status.success?, output
-      assert_match(/^== the root: \d+ files; compilers: 0; liburing or ld\.so\.cache: 0$/, output)
+      assert_match(/^== the root: \d+ files besides the Ruby's prefix; compilers: 0; liburing or ld\.so\.cache: 0$/, output)
       linked = output.scan(/^== ldd .*\n((?:\t.*\n)+)/).flatten.join.lines.map { |line| line.strip.split.first }
       refute_empty linked, output
       assert_empty linked.grep_v(LIBC), "a build links more than the C library:\n#{output}"
-      assert_match(%r{^== Evt\.extension\? true \(/gems/gems/evt-[^/]+-linux/lib/evt/\d+\.\d+/evt\.so\); backends: io_uring epoll poll select$},
+      assert_match(%r{^== Evt\.extension\? true \(/gems/gems/evt-[^/]+-linux/lib/evt/\d+\.\d+/evt\.so\); backends: #{backends}$},
                    output)
       smokes = output.scan(/^smoke: (\d+) passed, (\d+) failed$/)
-      assert_equal 4, smokes.size, output
+      assert_equal backends.split.size, smokes.size, output
       smokes.each { |passed, failed| assert_equal ["12", "0"], [passed, failed], output }
     end
   end
@@ -134,8 +163,9 @@ class PackagingTest < Minitest::Test
       FileUtils.mkdir_p(File.join(clone, File.dirname(path)))
       FileUtils.cp(File.join(ROOT, path), File.join(clone, path))
     end
-    run_command("sh", "-c", "git add -A && git -c user.name=test -c user.email=test@localhost commit --quiet --allow-empty -m 'working tree'",
-                chdir: clone)
+    output, status = run_command("sh", "-c", "git add -A && git -c user.name=test -c user.email=test@localhost " \
+                                             "commit --quiet --allow-empty -m 'working tree'", chdir: clone)
+    assert status.success?, output
     clone
   end
 
@@ -172,8 +202,10 @@ class PackagingTest < Minitest::Test
       before = extension_in(app, env)
       assert_includes before, "extension? false"
       assert_includes before, "run `bundle exec rake compile` in #{clone}"
+      # (Through this checkout's bundle, which has rake-compiler: the clone has none installed.)
       output, status = run_command(RbConfig.ruby, File.join(BINDIR, "bundle"), "exec", "rake", "compile", chdir: clone,
-                                   env: { "BUNDLE_GEMFILE" => File.join(clone, "Gemfile") })
+                                   env: %w[BUNDLE_APP_CONFIG BUNDLE_PATH].to_h { |name| [name, ENV.fetch(name, nil)] }
+                                                                           .merge("BUNDLE_GEMFILE" => File.join(ROOT, "Gemfile")))
       assert status.success?, output
       assert_equal "extension? true\n", extension_in(app, env)
     end
