@@ -257,11 +257,18 @@ end
 
 require_relative "evt/resolver" # loads socket
 
-# What the C extension prepends to IO and BasicSocket (ext/evt/closers.c, socket_write.c), for
-# YARD, which does not read those files.
+# What the C extension prepends to IO and BasicSocket (ext/evt/closers.c, socket_write.c), and
+# the error it defines on Ruby 3.3 and 3.4 (ext/evt/object.c), for YARD, which does not read those
+# files.
 #
 # @!parse
 #   module Evt
+#     # Raised on Ruby 3.3 and 3.4, which crash when fibers run in two Ractors at once
+#     # (ruby/ruby#13466), by a loop that opens while a loop of another Ractor is open; the
+#     # Ractor may try again once the other's loops are closed. Not defined on Ruby 4.0, where
+#     # loops in several Ractors run at once.
+#     class RactorError < RuntimeError; end
+#
 #     # IO#close, #close_read and #close_write, prepended to IO by the C extension: before the
 #     # descriptor closes, the fibers waiting on the IO in any evt loop are woken and raise IOError,
 #     # as threads do (Ruby 3.3 and 3.4 call no scheduler hook on close; 4.0's io_close hook comes

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include <ruby/ractor.h>
+#include <ruby/version.h>
 
 /* Every loop of the process, for IO#close to look through (one per thread that has a scheduler).
  * Each Ractor has its own GVL, and the GC frees a loop on whichever thread sweeps, so the list is
@@ -48,6 +49,43 @@ evt_object_ractor_serial(void)
     rb_ractor_local_storage_ptr_set(ractor_serial_key, (void *)(uintptr_t)serial);
     return serial;
 }
+
+#if RUBY_API_VERSION_MAJOR < 4
+/* Ruby 3.3 and 3.4 crash when fibers run in two Ractors at once (ruby/ruby#13466, fixed in Ruby
+ * 4.0): only one Ractor at a time may have open loops. Which one, and how many it has open (under
+ * loops_lock); a loop of another Ractor that opens meanwhile raises Evt::RactorError instead. */
+static unsigned long claim_ractor;
+static long claim_open;
+static VALUE eRactorError;
+
+static void
+claim(void)
+{
+    unsigned long ractor = evt_object_ractor_serial();
+    loops_enter();
+    int refused = claim_open > 0 && claim_ractor != ractor;
+    if (!refused) {
+        claim_ractor = ractor;
+        claim_open++;
+    }
+    loops_leave();
+    if (refused)
+        rb_raise(eRactorError, "evt: a loop of another Ractor is open, and Ruby %d.%d crashes when fibers run in two Ractors "
+                               "at once (ruby/ruby#13466, fixed in Ruby 4.0): one Ractor at a time runs evt here; "
+                               "this one may once the other's loops are closed", RUBY_API_VERSION_MAJOR, RUBY_API_VERSION_MINOR);
+}
+
+static void
+unclaim(void)
+{
+    loops_enter();
+    claim_open--;
+    loops_leave();
+}
+#else
+static void claim(void) {}
+static void unclaim(void) {}
+#endif
 
 static unsigned long visits; /* under loops_lock */
 
@@ -271,6 +309,7 @@ evt_object_close_backend(struct evt_loop *loop)
     while (loop->kernel.ops && loop->forks == evt_object_forks && (op = pending_op(loop))) loop->kernel.backend->cancel(&loop->kernel, op);
     loop->kernel.backend->close(&loop->kernel);
     loop->kernel.data = NULL;
+    unclaim();
     evt_timers_restore_slack(&loop->timers);
     evt_wakeup_close(&loop->kernel.wakeup);
     /* Whatever the kernel knew is gone with its objects. */
@@ -393,9 +432,13 @@ evt_object_alloc(VALUE klass)
 void
 evt_object_open(struct evt_loop *loop)
 {
+    claim();
     int err = evt_wakeup_open(&loop->kernel.wakeup);
     if (err == 0 && (err = loop->kernel.backend->open(&loop->kernel)) < 0) evt_wakeup_close(&loop->kernel.wakeup);
-    if (err < 0) rb_syserr_fail_str(-err, rb_sprintf("evt: opening the %s backend", loop->kernel.backend->name));
+    if (err < 0) {
+        unclaim();
+        rb_syserr_fail_str(-err, rb_sprintf("evt: opening the %s backend", loop->kernel.backend->name));
+    }
     loop->forks = evt_object_forks;
     /* After a close with fibers still waiting, the new kernel objects must watch for them too. */
     for (int fd = 0; fd < loop->registrations_size; fd++) {
@@ -508,6 +551,10 @@ evt_object_init(VALUE mEvt)
     evt_object_class = rb_define_class_under(mEvt, "Loop", rb_cObject);
     rb_define_alloc_func(evt_object_class, evt_object_alloc);
     ractor_serial_key = rb_ractor_local_storage_ptr_newkey(&ractor_serial_type);
+#if RUBY_API_VERSION_MAJOR < 4
+    eRactorError = rb_define_class_under(mEvt, "RactorError", rb_eRuntimeError);
+    rb_gc_register_address(&eRactorError);
+#endif
     rb_gc_register_address(&loop_registry);
     loop_registry = TypedData_Wrap_Struct(0, &loop_registry_type, NULL);
     int err = pthread_atfork(evt_atfork_prepare, evt_atfork_parent, evt_atfork_child);
