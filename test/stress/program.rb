@@ -1,0 +1,364 @@
+# frozen_string_literal: true
+
+require "socket"
+require "timeout"
+require "rbconfig"
+
+# One random concurrent program of the stress tester, made from a seed: a handful of ingredients
+# (byte streams, timeouts, closes, queues, locks, threads, child processes, forks...), each with
+# random sizes and methods and an outcome known before it runs, all running at once in one Evt.run.
+# #run returns what went wrong (empty when every ingredient got what it expected).
+module Stress
+  # A failure: the ingredient, what it expected, what it got.
+  Failure = Struct.new(:ingredient, :message) do
+    def to_s = "#{ingredient}: #{message}"
+  end
+
+  class Program
+    # Every ingredient, by name; each makes its fibers and returns a check to make after the loop.
+    INGREDIENTS = %i[
+      pipe_stream unix_stream tcp_stream timeout_fires timeout_spares io_timeout wait_readable_limit
+      close_from_fiber close_from_thread io_select queue sized_queue queue_pop_timeout mutex condition
+      thread_feeds_fibers fibers_feed_thread child_process nested_fibers many_fibers fork_child
+    ].freeze
+
+    # The ingredients that fork (not where a program forbids it: EVT_STRESS_FORK=0).
+    FORKING = %i[fork_child].freeze
+
+    attr_reader :seed, :ingredients
+
+    # @param seed [Integer]
+    # @param forks [Boolean] whether fork_child may be drawn
+    def initialize(seed, forks: true)
+      @seed = seed
+      @random = Random.new(seed)
+      pool = forks && Process.respond_to?(:fork) ? INGREDIENTS : INGREDIENTS - FORKING
+      @ingredients = Array.new(@random.rand(3..8)) { pool.sample(random: @random) }
+      @failures = []
+    end
+
+    # Runs the program under Evt.run. @return [Array<Failure>]
+    def run
+      checks = []
+      Evt.run do
+        @ingredients.each_with_index do |name, index|
+          checks << [name, index, send(name, Random.new(@random.rand(1 << 30)))]
+        end
+      end
+      checks.each do |name, index, check|
+        result = check.call
+        @failures << Failure.new("#{name}##{index}", result) unless result == true
+      end
+      @failures
+    end
+
+    def to_s = "seed #{@seed}: #{@ingredients.join(", ")}"
+
+    private
+
+    # Calls the block in a new fiber, noting an unexpected exception as the ingredient's failure.
+    def task(name)
+      Fiber.schedule do
+        yield
+      rescue Exception => e # rubocop:disable Lint/RescueException: whatever escapes is the finding
+        @failures << Failure.new(name, "#{e.class}: #{e.message} at #{e.backtrace&.first(3)&.join(" < ")}")
+      end
+    end
+
+    # Bytes of a random size with newlines now and then (for gets).
+    def payload(random, max)
+      size = random.rand(1..max)
+      bytes = random.bytes(size).tr("\n", "x")
+      (size / 50).times { bytes[random.rand(size)] = "\n" }
+      bytes
+    end
+
+    def write_all(random, io, data)
+      offset = 0
+      while offset < data.bytesize
+        piece = data.byteslice(offset, random.rand(1..[data.bytesize - offset, 70_000].min))
+        case random.rand(4)
+        when 0 then io.write(piece)
+        when 1 then io.syswrite(piece).then { |n| piece = piece.byteslice(0, n) }
+        when 2
+          begin
+            written = io.write_nonblock(piece, exception: false)
+            if written == :wait_writable
+              io.wait_writable
+              next
+            end
+            piece = piece.byteslice(0, written)
+          end
+        else
+          half = piece.bytesize / 2
+          io.write(piece.byteslice(0, half), piece.byteslice(half..))
+        end
+        offset += piece.bytesize
+      end
+      io.is_a?(BasicSocket) ? io.close_write : io.close # the reader meets the end of the stream
+    end
+
+    # Reads until `expected_size` bytes or the end: with sysread alone, or (as sysread may not
+    # follow a buffered read) with the buffered methods mixed.
+    def read_all(random, io, expected_size)
+      got = +"".b
+      unbuffered = random.rand(6) == 0
+      while got.bytesize < expected_size
+        left = expected_size - got.bytesize
+        case unbuffered ? 4 : [0, 1, 2, 3, 5].sample(random: random)
+        when 0 then got << (io.read(random.rand(1..left)) or break)
+        when 1 then got << io.readpartial(random.rand(1..65_536))
+        when 2
+          chunk = io.read_nonblock(random.rand(1..65_536), exception: false)
+          if chunk == :wait_readable
+            io.wait_readable
+          elsif chunk.nil?
+            break
+          else
+            got << chunk
+          end
+        when 3 then got << (io.gets || break).b
+        when 5 then got << (io.read || "").b
+        when 4 then got << io.sysread(random.rand(1..65_536))
+        end
+      end
+      got
+    rescue EOFError
+      got
+    end
+
+    # A byte stream from one fiber to another through `pair`, random writes and reads.
+    def stream(random, name, reader, writer)
+      data = payload(random, random.rand(2) == 0 ? 300 : 600_000).b
+      got = nil
+      task(name) { write_all(random, writer, data) }
+      task(name) { got = read_all(random, reader, data.bytesize) }
+      -> { got == data || "#{data.bytesize} bytes sent, #{got&.bytesize.inspect} received#{got && got != data ? " (different)" : ""}" }
+    end
+
+    def pipe_stream(random)
+      reader, writer = IO.pipe
+      check = stream(random, :pipe_stream, reader, writer)
+      -> { check.call.tap { reader.close unless reader.closed? } }
+    end
+
+    def unix_stream(random)
+      left, right = UNIXSocket.pair
+      check = stream(random, :unix_stream, right, left)
+      -> { check.call.tap { [left, right].each { |s| s.close unless s.closed? } } }
+    end
+
+    def tcp_stream(random)
+      server = TCPServer.new("127.0.0.1", 0)
+      client = TCPSocket.new("127.0.0.1", server.local_address.ip_port)
+      accepted = server.accept
+      server.close
+      check = stream(random, :tcp_stream, accepted, client)
+      -> { check.call.tap { [client, accepted].each { |s| s.close unless s.closed? } } }
+    end
+
+    def timeout_fires(random)
+      outcome = nil
+      task(:timeout_fires) do
+        Timeout.timeout(random.rand(0.001..0.02)) { sleep 5 }
+        outcome = :finished
+      rescue Timeout::Error
+        outcome = :timed_out
+      end
+      -> { outcome == :timed_out || outcome.inspect }
+    end
+
+    def timeout_spares(random)
+      outcome = nil
+      task(:timeout_spares) { outcome = Timeout.timeout(30) { sleep random.rand(0.0..0.01); :finished } }
+      -> { outcome == :finished || outcome.inspect }
+    end
+
+    def io_timeout(random)
+      reader, writer = IO.pipe
+      reader.timeout = random.rand(0.001..0.02)
+      outcome = nil
+      task(:io_timeout) do
+        reader.read(1)
+        outcome = :read
+      rescue IO::TimeoutError
+        outcome = :timed_out
+      end
+      -> { [reader, writer].each(&:close); outcome == :timed_out || outcome.inspect }
+    end
+
+    def wait_readable_limit(random)
+      reader, writer = IO.pipe
+      outcome = :unset
+      task(:wait_readable_limit) { outcome = reader.wait_readable(random.rand(0.001..0.02)) }
+      -> { [reader, writer].each(&:close); outcome.nil? || outcome.inspect }
+    end
+
+    # Fibers waiting to read an IO that another fiber closes: each raises IOError.
+    def close_from_fiber(random)
+      reader, writer = IO.pipe
+      waiters = random.rand(1..4)
+      raised = 0
+      waiters.times do
+        task(:close_from_fiber) do
+          reader.read(1)
+        rescue IOError
+          raised += 1
+        end
+      end
+      task(:close_from_fiber) { sleep random.rand(0.0..0.005); reader.close }
+      -> { writer.close; raised == waiters || "#{raised} of #{waiters} waiters raised IOError" }
+    end
+
+    def close_from_thread(random)
+      reader, writer = IO.pipe
+      raised = nil
+      task(:close_from_thread) do
+        reader.read(1)
+      rescue IOError
+        raised = true
+      end
+      closer = Thread.new { sleep random.rand(0.001..0.01); reader.close }
+      -> { closer.join; writer.close; raised || "the waiter was not woken with IOError" }
+    end
+
+    def io_select(random)
+      reader, writer = IO.pipe
+      ready = nil
+      task(:io_select) { ready = IO.select([reader], nil, nil, 30) }
+      task(:io_select) { sleep random.rand(0.0..0.005); writer.write("x") }
+      -> { result = ready == [[reader], [], []] || ready.inspect; [reader, writer].each(&:close); result }
+    end
+
+    def queue(random)
+      queue = Thread::Queue.new
+      count = random.rand(1..200)
+      got = []
+      task(:queue) { count.times { |i| queue << i; sleep 0 if i % 7 == 0 } }
+      task(:queue) { count.times { got << queue.pop } }
+      -> { got == Array.new(count) { |i| i } || "#{got.size} of #{count} in order" }
+    end
+
+    def sized_queue(random)
+      queue = Thread::SizedQueue.new(random.rand(1..4))
+      count = random.rand(1..100)
+      got = []
+      task(:sized_queue) { count.times { |i| queue.push(i) } }
+      task(:sized_queue) { count.times { got << queue.pop } }
+      -> { got == Array.new(count) { |i| i } || "#{got.size} of #{count} in order" }
+    end
+
+    def queue_pop_timeout(random)
+      queue = Thread::Queue.new
+      got = :unset
+      task(:queue_pop_timeout) { got = queue.pop(timeout: random.rand(0.001..0.02)) }
+      -> { got.nil? || got.inspect }
+    end
+
+    # Fibers taking a lock and waiting inside it: never two inside at once, every one gets in.
+    def mutex(random)
+      lock = Thread::Mutex.new
+      fibers = random.rand(2..20)
+      inside = 0
+      most = 0
+      done = 0
+      fibers.times do
+        task(:mutex) do
+          lock.synchronize do
+            inside += 1
+            most = [most, inside].max
+            sleep random.rand(0.0..0.002)
+            inside -= 1
+            done += 1
+          end
+        end
+      end
+      -> { [done, most] == [fibers, 1] || "#{done} of #{fibers} done, at most #{most} inside" }
+    end
+
+    def condition(random)
+      lock = Thread::Mutex.new
+      ready = Thread::ConditionVariable.new
+      waiters = random.rand(1..5)
+      woken = 0
+      go = false
+      waiters.times do
+        task(:condition) { lock.synchronize { ready.wait(lock) until go; woken += 1 } }
+      end
+      task(:condition) { sleep random.rand(0.0..0.005); lock.synchronize { go = true; ready.broadcast } }
+      -> { woken == waiters || "#{woken} of #{waiters} woken" }
+    end
+
+    def thread_feeds_fibers(random)
+      queue = Thread::Queue.new
+      count = random.rand(1..100)
+      got = []
+      feeder = Thread.new { count.times { |i| queue << i; sleep 0.0001 if i % 10 == 0 } }
+      task(:thread_feeds_fibers) { count.times { got << queue.pop } }
+      -> { feeder.join; got == Array.new(count) { |i| i } || "#{got.size} of #{count} in order" }
+    end
+
+    def fibers_feed_thread(random)
+      queue = Thread::Queue.new
+      count = random.rand(1..100)
+      total = nil
+      consumer = Thread.new { sum = 0; count.times { sum += queue.pop }; sum }
+      task(:fibers_feed_thread) { count.times { |i| queue << i; sleep 0 if i % 9 == 0 } }
+      task(:fibers_feed_thread) { total = consumer.value }
+      -> { total == count * (count - 1) / 2 || "the thread summed #{total.inspect}" }
+    end
+
+    def child_process(random)
+      code = random.rand(0..100)
+      status = nil
+      task(:child_process) do
+        pid = Process.spawn(RbConfig.ruby, "--disable-gems", "-e", "exit #{code}")
+        _, status = Process.wait2(pid)
+      end
+      -> { status&.exitstatus == code || "exit status #{status.inspect}, not #{code}" }
+    end
+
+    # Fibers that schedule fibers that schedule fibers.
+    def nested_fibers(random)
+      depth = random.rand(1..4)
+      width = random.rand(1..3)
+      ended = 0
+      grow = lambda do |level|
+        task(:nested_fibers) do
+          width.times { grow.call(level + 1) } if level < depth
+          sleep 0 if random.rand(2) == 0
+          ended += 1
+        end
+      end
+      grow.call(1)
+      expected = (1..depth).sum { |level| width**(level - 1) }
+      -> { ended == expected || "#{ended} of #{expected} fibers ended" }
+    end
+
+    def many_fibers(random)
+      count = random.rand(100..600)
+      ended = 0
+      count.times { task(:many_fibers) { sleep(random.rand(2) == 0 ? 0 : 0.001); ended += 1 } }
+      -> { ended == count || "#{ended} of #{count} fibers ended" }
+    end
+
+    # A fork from a fiber: the child answers through a pipe and exits with a code of its own.
+    def fork_child(random)
+      code = random.rand(1..100)
+      reader, writer = IO.pipe
+      answer = status = nil
+      task(:fork_child) do
+        pid = fork do
+          reader.close
+          writer.write("child #{code}")
+          writer.close
+          exit!(code)
+        end
+        writer.close
+        answer = reader.read
+        _, status = Process.wait2(pid)
+      end
+      -> { reader.close; [answer, status&.exitstatus] == ["child #{code}", code] || [answer, status].inspect }
+    end
+  end
+end

@@ -1,0 +1,27 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "open3"
+require "rbconfig"
+
+# The stress tester (test/stress/): random concurrent programs whose outcome is known before they
+# run, on this run's backend, for EVT_STRESS_SECONDS (bin/test: a minute on every backend of the
+# newest Ruby, 20 s on the others; 20 s alone). The programs start from a seed made from minitest's,
+# so a run is repeated by its seed; a failing or hung program is printed with the command that
+# reruns it alone. bin/stress is the long campaign.
+class StressTest < Minitest::Test
+  ROOT = File.expand_path("..", __dir__)
+
+  def test_random_programs_get_their_known_outcomes
+    seconds = Float(ENV.fetch("EVT_STRESS_SECONDS", "20"))
+    seed = Minitest.seed * 1000
+    out, status = Open3.capture2e({ "RUBYOPT" => nil }, RbConfig.ruby, "-W0", "-I#{File.join(ROOT, "lib")}",
+                                  File.join(ROOT, "test/stress/run"), "--seed", seed.to_s, "--seconds", seconds.to_s)
+    summary = out[/^stress: (\d+) programs, (\d+) failed, (\d+) hung .*$/]
+    assert summary, "test/stress/run ended without its summary (status #{status.inspect}):\n#{out}"
+    ran, failed, hung = Regexp.last_match.captures.map(&:to_i)
+    assert_operator ran, :>, 0, out
+    assert_equal [0, 0], [failed, hung], out
+    assert status.success?, out
+  end
+end
