@@ -238,6 +238,29 @@ class InsightTest < Minitest::Test
     assert_operator busy, :>, 0.8
   end
 
+  # Read from another thread while the loop waits in the kernel (as Evt.dump does), the wait under
+  # way counts as idle time.
+  def test_a_wait_in_the_kernel_under_way_counts_as_idle
+    reader, writer = IO.pipe
+    scheduler = nil
+    loop_thread = Thread.new do
+      scheduler = Evt::Scheduler.new
+      Fiber.set_scheduler(scheduler)
+      Fiber.schedule { reader.read(1) }
+    end
+    deadline = monotonic + 10
+    sleep 0.01 until scheduler&.stats&.dig(:fibers_suspended) == 1 || monotonic > deadline
+    assert_equal 1, scheduler.stats[:fibers_suspended], "the fiber never waited"
+    sleep 0.3
+    stats = scheduler.stats
+    assert_operator stats[:utilization], :<, 0.5, stats.inspect
+    assert_operator stats[:kernel_seconds], :>, 0.2, stats.inspect
+    writer.write("x")
+    loop_thread.join
+  ensure
+    [reader, writer].each { |io| io&.close }
+  end
+
   def test_backend_fallbacks_name_each_faster_backend_that_cannot_run_here
     scheduler = Evt::Scheduler.new
     fallbacks = scheduler.backend_fallbacks

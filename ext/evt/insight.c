@@ -42,8 +42,11 @@ loop_stats(VALUE self)
 {
     struct evt_loop *loop = evt_object_check(self);
     const struct evt_stats *stats = &loop->stats;
-    int64_t now = evt_timers_now(), lived = now - stats->made_ns;
-    int64_t kernel = stats->kernel_ns, busy = lived > kernel ? lived - kernel : 0;
+    int64_t now = evt_timers_now(), lived = now - stats->made_ns, kernel = stats->kernel_ns;
+    /* A wait in the kernel under way (a dump from another thread sees one) is waiting already: it
+     * began at the loop's last clock reading. */
+    if (__atomic_load_n(&loop->kernel.blocked, __ATOMIC_SEQ_CST) && now > stats->clock_ns) kernel += now - stats->clock_ns;
+    int64_t busy = lived > kernel ? lived - kernel : 0;
     VALUE hash = rb_hash_new();
     set(hash, "backend", ID2SYM(rb_intern(loop->kernel.backend->name)));
     set(hash, "turns", ULL2NUM(stats->turns));

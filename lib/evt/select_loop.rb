@@ -425,7 +425,7 @@ module Evt
       @blocked = true
       @kernel_waits += 1
       beat(@loop_fiber) if @stall
-      started = now
+      started = @clock = now # (stats counts a wait under way from here)
       # Blocking: in a forked child the loop fiber may be a scheduled one, whose IO.select is ours.
       result = rescuing(IOError, Errno::EBADF) { Fiber.blocking { IO.select(*sets, timeout && (timeout / 1e9)) } }
       @clock = now

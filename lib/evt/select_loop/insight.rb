@@ -8,12 +8,14 @@ module Evt
     # (see Evt::Loop#stats)
     def stats
       check
-      lived = now - @made
-      busy = [lived - @kernel_ns, 0].max
+      current = now
+      lived = current - @made
+      kernel = @kernel_ns + (@blocked ? [current - @clock, 0].max : 0) # a wait under way is waiting already
+      busy = [lived - kernel, 0].max
       fired = @late.sum
       { backend: @backend, turns: @turns, fibers_ready: @ready.count { |waiter| waiter.state == :ready },
         fibers_ready_max: @ready_max, fibers_suspended: @waiting, busy_seconds: busy / 1e9,
-        kernel_seconds: @kernel_ns / 1e9, utilization: lived.positive? ? busy.to_f / lived : 0.0,
+        kernel_seconds: kernel / 1e9, utilization: lived.positive? ? busy.to_f / lived : 0.0,
         kernel_waits: @kernel_waits, events: @events, events_per_turn: @turns.zero? ? 0.0 : @events.to_f / @turns,
         timers_armed: @sequence, timers_pending: @timers.size, timers_fired: fired,
         timer_late_p50: late_at(fired / 2), timer_late_p99: late_at(fired - ((fired + 99) / 100)),
