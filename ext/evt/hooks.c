@@ -11,6 +11,8 @@
 #include "io.h"
 #include "hooks.h"
 
+#include <math.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -165,6 +167,31 @@ timeout_cancel(VALUE ptr)
     return Qnil;
 }
 
+/* A duration Ruby hands on unchecked (Queue#pop(timeout:), SizedQueue#push(timeout:),
+ * Timeout.timeout): as Ruby without a scheduler takes it, a negative one has expired, NaN never
+ * ends, and one past Time's range is forever, where sleep and IO.select raise. -1: no end. */
+static int64_t
+unchecked_timeout_ns(VALUE value)
+{
+    if (NIL_P(value)) return -1;
+    if (RB_FLOAT_TYPE_P(value)) {
+        double seconds = RFLOAT_VALUE(value);
+        if (isnan(seconds)) return -1;
+        if (seconds < 0) return 0;
+        if (seconds >= 9.2e18) return INT64_MAX / 4;
+    }
+    else if (FIXNUM_P(value)) {
+        if (FIX2LONG(value) < 0) return 0;
+    }
+    else if (RB_TYPE_P(value, T_BIGNUM)) {
+        return RBIGNUM_POSITIVE_P(value) ? INT64_MAX / 4 : 0;
+    }
+    else if (rb_obj_is_kind_of(value, rb_cNumeric) && RTEST(rb_funcall(value, rb_intern("negative?"), 0))) {
+        return 0;
+    }
+    return evt_io_timeout_ns(value);
+}
+
 /* Evt::Loop#timeout_after (documented in lib/evt.rb): a timer on the loop's heap, which the block
  * finishing first removes. */
 static VALUE
@@ -173,11 +200,10 @@ loop_timeout_after(int argc, VALUE *argv, VALUE self)
     rb_check_arity(argc, 2, UNLIMITED_ARGUMENTS);
     rb_need_block();
     /* A negative duration has already expired (the timeout gem of Ruby 3.3 says so without a
-     * scheduler; 3.4's refuses it before calling here): the first wait raises. */
-    int expired = rb_obj_is_kind_of(argv[0], rb_cNumeric) && RTEST(rb_funcall(argv[0], rb_intern("negative?"), 0));
-    int64_t duration = expired ? 0 : evt_io_timeout_ns(argv[0]);
+     * scheduler; 3.4's refuses it before calling here): the first wait raises. NaN never ends. */
+    int64_t duration = unchecked_timeout_ns(argv[0]);
     struct evt_loop *loop = evt_object_get(self);
-    if (duration < 0) return rb_yield(argv[0]); /* nil: no limit */
+    if (duration < 0) return rb_yield(argv[0]); /* nil, NaN: no limit */
     struct timeout_call call = {loop};
     evt_timer_init(&call.timeout.timer, EVT_TIMER_TIMEOUT);
     call.timeout.fiber = rb_fiber_current();
@@ -269,12 +295,7 @@ static VALUE
 loop_block_m(int argc, VALUE *argv, VALUE self)
 {
     rb_check_arity(argc, 1, 2);
-    VALUE value = argc > 1 ? argv[1] : Qnil;
-    /* Queue#pop(timeout:), Mutex#sleep and friends wait for any duration without a scheduler (Ruby
-     * saturates it), where sleep and IO.select raise RangeError past Time's range. */
-    int huge = (RB_FLOAT_TYPE_P(value) && RFLOAT_VALUE(value) >= 9.2e18) ||
-               (RB_TYPE_P(value, T_BIGNUM) && RBIGNUM_POSITIVE_P(value));
-    int64_t timeout = huge ? INT64_MAX / 4 : evt_io_timeout_ns(value);
+    int64_t timeout = unchecked_timeout_ns(argc > 1 ? argv[1] : Qnil);
     return loop_block(evt_object_get(self), argv[0], timeout) ? Qtrue : Qfalse;
 }
 

@@ -187,6 +187,12 @@ module Evt
       [(value * 1_000_000_000).to_i, FOREVER].min
     end
 
+    # A duration Ruby hands on unchecked (Queue#pop(timeout:), Timeout.timeout): a negative one has
+    # expired, NaN and one past Time's range never end, as Ruby without a scheduler takes them.
+    def unchecked_interval(value)
+      value.is_a?(Numeric) && value.negative? ? 0 : interval(value, saturate: true)
+    end
+
     # The block's value, or its exception of `classes`. While scheduler_close runs, $! holds the
     # exception ending the thread, which a rescue here would clear (Thread#join would not raise it):
     # then the rescue happens on a fiber of its own. (For the same reason the loop uses `while`,
@@ -574,7 +580,7 @@ module Evt
 
     # (see Evt::Loop#block)
     def block(blocker, timeout = nil)
-      timeout = interval(timeout, saturate: true)
+      timeout = unchecked_interval(timeout)
       get
       block_fiber(timeout, blocker)
     end
@@ -598,7 +604,7 @@ module Evt
     def timeout_after(duration, exception_class, *arguments)
       raise LocalJumpError, "no block given (yield)" unless block_given?
 
-      timeout = duration.is_a?(Numeric) && duration.negative? ? 0 : interval(duration) # negative: expired
+      timeout = unchecked_interval(duration)
       get
       return yield(duration) if timeout.nil?
 
