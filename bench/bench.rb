@@ -44,7 +44,7 @@ require_relative "scenarios/rails"
 module Bench
   ROOT = File.expand_path("..", __dir__)
   SCENARIOS = %w[http-keepalive http-close http-redis pipe-pingpong big-reads thread-server thread-clients write-pieces
-                 timers sleep-fanout idle-connections close-waiters blocking-ops http-cpu falcon rails].freeze
+                 timers sleep-fanout fiber-memory idle-connections close-waiters blocking-ops http-cpu falcon rails].freeze
   # Scenarios that run only when --only names them: soak takes 10 minutes per backend.
   ON_REQUEST = %w[soak].freeze
   (SCENARIOS - METRICS.keys).then { |none| raise "bench: no metric declared for #{none.join(", ")}" unless none.empty? }
@@ -331,6 +331,7 @@ module Bench
                   when "write-pieces" then script("write_pieces.rb", subject, @size[:rounds])
                   when "timers" then timers(subject)
                   when "sleep-fanout" then script("sleep_fanout.rb", subject, @size[:sleep_scale])
+                  when "fiber-memory" then fiber_memory(subject)
                   when "idle-connections" then idle(subject)
                   when "close-waiters" then close_waiters(subject)
                   when "blocking-ops" then blocking_ops(subject)
@@ -361,6 +362,7 @@ module Bench
       return "one thread cannot serve and read at once" if %w[big-reads thread-server thread-clients].include?(scenario) && subject == "blocking"
       return "one thread cannot hold #{@size[:idle]} waiting connections" if scenario == "idle-connections" && subject == "blocking"
       return "#{@size[:fibers]} sleepers need fibers or as many threads" if scenario == "timers" && %w[blocking threads].include?(subject)
+      return "the fibers are a scheduler's" if scenario == "fiber-memory" && %w[blocking threads].include?(subject)
       return "the work is fibers on a scheduler" if scenario == "sleep-fanout" && %w[blocking threads].include?(subject)
 
       nil

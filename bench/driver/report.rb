@@ -75,6 +75,9 @@ module Bench
                  [:timeouts_s, "timeouts s", "%.3f"], [:pool_s, "pool s", "%.3f"], [:fanout_s, "fanout s", "%.3f"]]
               elsif scenario == "idle-connections"
                 [[:rss_mb, "RSS MB", "%.1f"]]
+              elsif scenario == "fiber-memory"
+                [[:bytes_per_fiber, "bytes/fiber", "%d"], [:sleeping_bytes, "sleeping", "%d"], [:socket_bytes, "on a socket", "%d"],
+                 [:rss_mb, "RSS MB", "%.1f"]]
               else
                 [[:seconds, "seconds", "%.3f"], [:cpu_seconds, "CPU s", "%.3f"]] +
                   (if scenario == "timers"
@@ -199,6 +202,7 @@ module Bench
     when "write-pieces" then "#{@size[:rounds]} keep-alive requests from a client without a scheduler; mean round trip"
     when "timers" then "#{@size[:fibers]} fibers sleeping 0-100 ms; then one fiber sleeping 1, 2, 5 ms x 100"
     when "sleep-fanout" then "fibers sleeping 1-3 ms in timeouts, a pool and fan-outs, scale #{@size[:sleep_scale]}"
+    when "fiber-memory" then "#{@size[:fibers]} fibers alive and waiting: half sleeping, half reading sockets"
     when "idle-connections" then "#{@size[:idle]} idle connections, a reader waiting on each"
     when "close-waiters" then "N = #{@size[:waiters].join(", ")} readers blocked on N pipes, every read end closed"
     when "blocking-ops" then "#{@size[:deflates]} fibers each deflating #{@size[:deflate_mib]} MiB with Zlib"

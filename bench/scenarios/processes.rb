@@ -27,6 +27,10 @@ module Bench
            note: "(fibers that mostly sleep 1-3 ms: nested Timeout.timeout around sleeps, a pool of 5 held across " \
                  "sleeps, rounds of 100 sleeping fibers; seconds: all three parts, which sleep about 2.6 s; idle CPU %: " \
                  "CPU time over wall time, nearly all of it waiting)"
+  scenario "fiber-memory",
+           metric: :bytes_per_fiber,
+           note: "(bytes of RSS per fiber alive and waiting: half of them sleeping, half reading sockets that get no " \
+                 "data, 100 readers a socket; what Ruby's fiber and its stack take and what the scheduler keeps per wait)"
   scenario "idle-connections", metric: :rss_mb
   scenario "close-waiters",
            metric: :close_avg_us,
@@ -65,6 +69,12 @@ module Bench
     fibers = @size[:fibers]
     ensure_map_count(fibers)
     script("timers.rb", subject, fibers).merge(fibers: fibers)
+  end
+
+  def fiber_memory(subject)
+    fibers = @size[:fibers]
+    ensure_map_count(fibers)
+    script("fiber_memory.rb", subject, fibers, pinned: false)
   end
 
   def idle(subject)

@@ -14,6 +14,7 @@ module Bench
                "write-pieces" => [:split_ms, "ms per keep-alive round trip, answer written as io.write(head, body)"],
                "timers" => [:seconds, "seconds"],
                "sleep-fanout" => [:seconds, "seconds, fibers sleeping 1-3 ms (about 2.6 s of sleeps)"],
+               "fiber-memory" => [:bytes_per_fiber, "bytes per waiting fiber"],
                "idle-connections" => [:rss_mb, "RSS MB"],
                "close-waiters" => [:close_avg_us, "µs per IO#close with a reader waiting, at the largest N"],
                "blocking-ops" => [:seconds, "seconds"],
