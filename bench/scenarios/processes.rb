@@ -74,7 +74,7 @@ module Bench
   def fiber_memory(subject)
     fibers = @size[:fibers]
     ensure_map_count(fibers)
-    script("fiber_memory.rb", subject, fibers, pinned: false)
+    script("fiber_memory.rb", subject, fibers, pinned: false, limit: 180)
   end
 
   def idle(subject)
