@@ -192,7 +192,7 @@ module Bench
     end
 
     def runs(row)
-      row[:repeat_runs] ? row[:repeat_runs].map { |v| format("%.4g", v) }.join(", ") : ""
+      row[:repeat_runs] ? row[:repeat_runs].map { |v| v.is_a?(Integer) ? v.to_s : format("%.4g", v) }.join(", ") : ""
     end
 
     # The start of a failed server's stderr, where the row kept it.

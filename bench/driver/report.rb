@@ -32,7 +32,7 @@ module Bench
         row[:rps_vs_first] = row[:rps].fdiv(first[:rps]).round(2) if row[:rps]
       end
       row[:vs_c] = (row[key] / c[key]).round(2) if c && row != c
-      row[:vs_best_peer] = (row[key] / best_peer[key]).round(2) if best_peer
+      row[:vs_best_peer] = row[key].fdiv(best_peer[key]).round(2) if best_peer
       row[:best_peer] = best_peer[:subject] if best_peer
     end
     add_rps_ratios(rows) if scenario == "http-redis"

@@ -13,8 +13,13 @@ module Bench
 
   # soak's HTTP load: two wrk at once, [connections, headers].
   SOAK_LOAD = [[50, []], [20, ["-H", "Connection: close"]]].freeze
-  # soak's targets: RSS at the last row within this many % of the first row's.
-  SOAK_RSS_PERCENT = 5.0
+  # soak's targets, after the warm-up: RSS and descriptors at every row within this many % of the
+  # first row after it, and req/s and p99 (of the keep-alive load) within SOAK_SPEED_PERCENT.
+  SOAK_RSS_PERCENT = 2.0
+  SOAK_SPEED_PERCENT = 5.0
+  # soak's warm-up: the first rows, reported apart and left out of the verdict: 5 minutes of a run
+  # of 30 minutes or more, else a fifth of it (a row at least).
+  SOAK_WARMUP_LONG = 300
   # soak: seconds bin/bench waits for the server's answer to a sample (it may itself wait up to
   # Soak::SETTLE_LIMIT for its fibers to park) before it calls the server hung.
   SOAK_ANSWER = 60
@@ -170,26 +175,39 @@ module Bench
     "the server died (#{how})#{": #{first.strip}" if first}"
   end
 
-  # The targets: no error, RSS at the last row within SOAK_RSS_PERCENT of the first, and the very
-  # same descriptor count at every row (taken at a point where the server holds the same ones).
+  # The warm-up's length in seconds for a run of `seconds`.
+  def soak_warmup(seconds) = seconds >= 1800 ? SOAK_WARMUP_LONG : seconds / 5.0
+
+  # The targets: no error at any row; after the warm-up, every row's RSS and descriptors within
+  # SOAK_RSS_PERCENT of the first row after it, and its req/s and keep-alive p99 within
+  # SOAK_SPEED_PERCENT (the warm-up's rows are reported apart). Each figure's worst row is named.
   def soak_verdict(figures)
     rows = figures[:intervals]
-    return {pass: false, verdict: "FAIL: #{figures[:error] || "fewer than two rows"}"} if rows.size < 2
+    warmup = soak_warmup(figures[:duration_s])
+    warm, after = rows.partition { |row| row[:t_s] <= warmup }
+    warm, after = rows.first(1), rows.drop(1) if warm.empty?
+    return {pass: false, verdict: "FAIL: #{figures[:error] || "fewer than two rows after the warm-up"}"} if after.size < 2
 
-    first, last = rows.values_at(0, -1)
     errors = rows.sum { |row| row[:errors] }
-    rss_percent = ((last[:rss_mb] / first[:rss_mb] - 1) * 100).round(1)
-    fds = rows.map { |row| row[:fds] }
+    base = after.first
+    worst = lambda do |key, value = ->(row) { row[key] }|
+      change = after.map { |row| [((value.call(row).to_f / value.call(base) - 1) * 100).round(1), row[:t_s]] }.max_by { |pct, _| pct.abs }
+      {key => change[0], "#{key}_at": change[1]}
+    end
+    rps = ->(row) { row[:wrk_requests].to_f / figures[:interval_s] }
+    p99 = ->(row) { Array(row[:p99_ms]).first }
+    changes = {**worst.call(:rss, ->(row) { row[:rss_mb] }), **worst.call(:fds), **worst.call(:rps, rps), **worst.call(:p99, p99)}
+    limits = {rss: SOAK_RSS_PERCENT, fds: SOAK_RSS_PERCENT, rps: SOAK_SPEED_PERCENT, p99: SOAK_SPEED_PERCENT}
     failed = []
     failed << figures[:error] if figures[:error]
     failed << "errors" unless errors.zero?
-    failed << "RSS" if rss_percent.abs > SOAK_RSS_PERCENT
-    failed << "descriptors" unless fds.uniq.size == 1
-    text = format("%d errors (target 0); RSS %.1f MB at %d s, %.1f MB at %d s: %+.1f %% (target: within %.0f %%); ",
-                  errors, first[:rss_mb], first[:t_s], last[:rss_mb], last[:t_s], rss_percent, SOAK_RSS_PERCENT)
-    text += fds.uniq.size == 1 ? "descriptors #{fds.first} at every row (flat)" : "descriptors #{fds.join(" ")} (not flat)"
-    {errors: errors, rss_change_percent: rss_percent, fds_first: fds.first, fds_last: fds.last, fds_min: fds.min,
-     fds_max: fds.max, fds_flat: fds.uniq.size == 1, pass: failed.empty?,
+    limits.each { |key, limit| failed << key.to_s unless changes[key].abs <= limit }
+    text = format("%d errors (target 0); warm-up %d s (%d rows: RSS %.1f to %.1f MB); after it, against the row at %d s: ",
+                  errors, warmup, warm.size, warm.first[:rss_mb], warm.last[:rss_mb], base[:t_s]) +
+           limits.map { |key, limit| format("%s %+.1f %% at worst (at %d s; target within %.0f %%)", key, changes[key], changes[:"#{key}_at"], limit) }
+                 .join(", ")
+    {errors: errors, warmup_s: warmup, warmup_rows: warm.size, changes: changes, pass: failed.empty?,
+     rss_change_percent: changes[:rss], fds_first: base[:fds], fds_last: rows.last[:fds],
      verdict: failed.empty? ? "PASS: #{text}" : "FAIL (#{failed.join(", ")}): #{text}"}
   end
 
@@ -197,8 +215,9 @@ module Bench
     rows = @results.select { |r| r[:scenario] == "soak" }
     puts
     puts "soak (#{description("soak")})"
-    puts "targets: 0 errors; RSS at the last row within #{SOAK_RSS_PERCENT.to_i} % of the first row's; descriptors flat " \
-         "(the same count at every row)"
+    puts "targets: 0 errors; after the warm-up (the first 5 minutes of 30 or more, else a fifth), every row's RSS and " \
+         "descriptors within #{SOAK_RSS_PERCENT.to_i} % of the first row after it, req/s and keep-alive p99 within " \
+         "#{SOAK_SPEED_PERCENT.to_i} %"
     rows.each do |row|
       puts
       next puts "#{row[:subject]}  n/a: #{row[:skipped]}" if row[:skipped]
