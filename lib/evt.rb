@@ -196,7 +196,8 @@ module Evt
   #
   #     # @!method block(blocker, timeout = nil)
   #     #   Hook (Mutex, Queue, ConditionVariable, Thread#join...): suspends the current fiber until
-  #     #   {#unblock} or `timeout` seconds.
+  #     #   {#unblock} or `timeout` seconds. Ruby hands the timeout on unchecked (Queue#pop(timeout:)):
+  #     #   as Ruby without a scheduler, a negative one has expired, NaN or one past Time's range never ends.
   #     #   @return [Boolean] true when unblocked, false when the time ran out
   #
   #     # @!method unblock(blocker, fiber)
