@@ -29,13 +29,20 @@ end
 
 $CFLAGS << " -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -fvisibility=hidden"
 
+# A build for the precompiled gem (EVT_NATIVE=1, rake native): it must load into any CRuby of its
+# series on any glibc Linux without a compiler or liburing. So: no link to libruby (the process
+# that loads it has Ruby's symbols, whether its Ruby is built shared or static), liburing linked
+# statically with its symbols kept inside, only the libraries actually used, no libkqueue, and
+# epoll_pwait2 as a system call.
+native = ENV["EVT_NATIVE"] == "1"
+
 # The wakeup descriptor every backend watches: an eventfd (Linux), else a self-pipe.
 have_header("sys/eventfd.h")
 
 # epoll (Linux): the backend and its nanosecond wait (kernel 5.11, glibc 2.35).
 # The precompiled gem's build makes the system call itself (glibc's wrapper needs 2.35).
 if have_header("sys/epoll.h")
-  if ENV["EVT_NATIVE"] == "1"
+  if native
     $defs << "-DEVT_EPOLL_PWAIT2_SYSCALL" if have_const("SYS_epoll_pwait2", "sys/syscall.h")
   else
     have_func("epoll_pwait2", "sys/epoll.h")
@@ -51,11 +58,7 @@ have_func("pipe2", "unistd.h")
 # Ruby 4.0's C API for blocking_operation_wait's operations (ext/evt/blocking.c).
 have_func("rb_fiber_scheduler_blocking_operation_extract", "ruby/fiber/scheduler.h")
 
-# A build for the precompiled gem (EVT_NATIVE=1, rake native): it must load into any CRuby of its
-# series on any glibc Linux without a compiler or liburing. So: no link to libruby (the process
-# that loads it has Ruby's symbols, whether its Ruby is built shared or static), liburing linked
-# statically with its symbols kept inside, only the libraries actually used, and no libkqueue.
-native = ENV["EVT_NATIVE"] == "1"
+# (The precompiled gem's build: see `native` above.)
 if native
   $LIBRUBYARG = ""
   $LDFLAGS << " -Wl,--as-needed -Wl,--exclude-libs,ALL" if RUBY_PLATFORM.include?("linux") # GNU ld's
