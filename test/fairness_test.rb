@@ -105,6 +105,33 @@ class FairnessTest < Minitest::Test
     assert_operator started_at.values.max, :<=, 70, "#{started_at.values.max} fibers started in one turn"
   end
 
+  READS = 200
+
+  # A fiber whose reads always find data (a peer that answers before the server reads again) lets
+  # the others run after a few of them: it used to read on without ever leaving, and under keep-alive
+  # load a few such connections held every turn for a hundred milliseconds while the rest waited.
+  # Its data all arrives, in order.
+  def test_a_reader_that_always_finds_data_lets_the_others_run
+    reader, writer = UNIXSocket.pair
+    writer.write((0...READS).map { |i| (i % 256).chr }.join) # sysread(1) below: unbuffered, the hook each time
+    data = +""
+    reads_done = []
+    evt do
+      count_turns { data.bytesize == READS }
+      Fiber.schedule do
+        READS.times do
+          data << reader.sysread(1)
+          reads_done << @turns
+        end
+      end
+    end
+    assert_equal (0...READS).map { |i| (i % 256).chr }.join.b, data.b
+    per_turn = reads_done.tally.values.max
+    assert_operator per_turn, :<=, 16, "#{per_turn} of #{READS} reads found data in one turn without letting the others run"
+  ensure
+    [reader, writer].each { |io| io&.close }
+  end
+
   private
 
   # A fiber that counts the loop's turns in @turns until the block says to stop: a fiber that

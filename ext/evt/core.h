@@ -95,6 +95,12 @@ enum { EVT_FIRED_INITIAL = 64, EVT_FIRED_MAX = 4096 };
 /* Starters that may go to the head of the ready queue in a turn, at the least. */
 #define EVT_FIRST_MIN 64
 
+/* Reads a fiber may do at once (data already there, no wait) after the loop resumed it; the next one
+ * lets the other ready fibers run first (io.c). Without it, a connection whose peer always answers
+ * before the server reads again keeps its fiber running request after request, and every other
+ * connection waits the whole time: a turn long enough to multiply the tail latency. */
+#define EVT_READS_NOW_MAX 4
+
 /* Timers fired, by how late: bucket i counts those less than 2^i µs late (the last: the rest). */
 enum { EVT_LATE_BUCKETS = 24 };
 
@@ -137,6 +143,8 @@ struct evt_loop {
                                  least EVT_FIRST_MIN a turn, evt_waiter_ready_first) */
     size_t first_pending;     /* this turn: starters at the head of ready, not among the turn's count */
     size_t waiting;           /* fibers suspended in evt */
+    unsigned reads_now;       /* reads done at once by the running fiber since the loop resumed it
+                                 (switch_to), up to EVT_READS_NOW_MAX */
     int running;              /* inside evt_loop_run (nested when the loop fiber itself waits) */
     struct evt_list allocated; /* waiters on the heap (for fibers that switched away, pushes), by io_link */
     struct evt_list operations; /* waiters of transfers the backend does, by io_link */

@@ -283,6 +283,22 @@ transfer_reopen(struct transfer *t)
     t->waited = 0;
 }
 
+/* The running fiber has read EVT_READS_NOW_MAX times without waiting since the loop resumed it, and
+ * would read at once again: the other ready fibers, and those whose events the loop has yet to
+ * collect, go first (as after sleep(0)). Then the IO is looked at afresh: it may have been closed
+ * meanwhile. A selector's loop (async's) keeps its own order. */
+static void
+let_others_run(struct transfer *t)
+{
+    struct evt_loop *loop = t->loop;
+    loop->reads_now = 0;
+    if (loop->selector.driven || rb_fiber_current() == loop->loop_fiber) return;
+    struct evt_wait wait;
+    evt_wait_yield(&wait, loop);
+    evt_wait_suspend(&wait);
+    transfer_reopen(t);
+}
+
 /* One read or write between the buffer at `offset` and the IO: at most `max` bytes, or up to the end
  * of the buffer when `max` is SIZE_MAX. Returns the bytes moved (0: end of file), or -errno: -EAGAIN
  * when the descriptor is not ready and the transfer may not wait for it, -EINTR to try again, -EINVAL
@@ -291,6 +307,12 @@ transfer_reopen(struct transfer *t)
 static long
 transfer_single(struct transfer *t, size_t offset, size_t max, int may_wait)
 {
+    enum route route = route_of(t->loop, t->reg, t->position, may_wait, t->events);
+    if (t->events == EVT_READABLE && (route == ROUTE_NOW || route == ROUTE_READ_NOW) &&
+        RB_UNLIKELY(++t->loop->reads_now > EVT_READS_NOW_MAX)) {
+        let_others_run(t);
+        route = route_of(t->loop, t->reg, t->position, may_wait, t->events);
+    }
     void *base;
     size_t size;
     /* Fetched before every try: another fiber may have resized the buffer meanwhile. */
@@ -308,7 +330,6 @@ transfer_single(struct transfer *t, size_t offset, size_t max, int may_wait)
     char *at = (char *)base + offset;
     struct evt_loop *loop = t->loop;
     struct evt_registration *reg = t->reg;
-    enum route route = route_of(loop, reg, t->position, may_wait, t->events);
     if (route == ROUTE_READ_NOW) {
         long n = loop->kernel.backend->read_now(&loop->kernel, t->fd, &reg->watch, (reg->flags & EVT_REG_SOCKET) != 0, at, max);
         if (n != -EAGAIN) return n;

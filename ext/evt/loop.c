@@ -49,6 +49,7 @@ switch_to(struct evt_loop *loop, VALUE fiber)
 {
     evt_core_beat(loop, loop->loop_fiber);
     loop->current = fiber;
+    loop->reads_now = 0;
     rb_fiber_transfer(fiber, 0, NULL);
     evt_core_beat(loop, NIL_P(loop->current) ? fiber : loop->current);
     loop->current = loop->loop_fiber;
