@@ -53,6 +53,16 @@ module Bench
   CORE_SUBJECTS = {"blocking-ops" => ->(_cores) { %w[evt-pool-off evt-pool-on threads] },
                    "http-cpu" => ->(cores) { ["evt-workers-1", "evt-workers-#{cores}", "evt-ractors-1", "evt-ractors-#{cores}"] }}.freeze
   PEERS = %w[blocking threads async-epoll async-uring carbon uringmachine].freeze
+  # The C references (bench/reference/<file>.c), the limit each HTTP row compares against: the best
+  # of them that ran the row ("x C"). subject => [source file, libraries].
+  C_SERVERS = {"c-epoll" => ["c_epoll_server", []], "c-uring" => ["c_uring_server", ["-luring"]],
+               "c-blocking" => ["c_blocking_server", []]}.freeze
+
+  # The limit of a row: of +rows+ (results of one scenario), the C reference with the lowest +key+
+  # that served without an error; nil when none did.
+  def self.best_c(rows, key)
+    rows.select { |r| C_SERVERS.key?(r[:subject]) && r[key].is_a?(Numeric) && r[:errors].to_i.zero? }.min_by { |r| r[key] }
+  end
   # wrk's connections in the HTTP scenarios, unless --connections says otherwise.
   CONNECTIONS = 100
   # Descriptors a process needs besides one per connection (its own files, the pool, wrk's threads).
@@ -191,7 +201,8 @@ module Bench
 
     # [[name, nil or why it cannot run]], in table order.
     def available_subjects
-      subjects = [["c-epoll", c_server_problem], ["blocking", nil], ["fibers", nil], ["threads", nil]]
+      subjects = C_SERVERS.keys.map { |name| [name, c_server_problem(name)] }
+      subjects += [["blocking", nil], ["fibers", nil], ["threads", nil]]
       backends = evt_backends
       subjects += backends.map { |name| ["evt-#{name}", nil] }
       # evt with what a team leaves on in production (Bench::Subject::INSIGHT): by name only.
@@ -236,14 +247,16 @@ module Bench
       rows.map(&:first)
     end
 
-    def c_server_problem
-      @c_server = File.join(ROOT, "tmp/bench/c_epoll_server")
-      source = File.join(ROOT, "bench/reference/c_epoll_server.c")
-      Dir.mkdir(File.dirname(@c_server)) unless Dir.exist?(File.dirname(@c_server))
-      return nil if File.exist?(@c_server) && File.mtime(@c_server) >= File.mtime(source)
+    # Builds the C reference `name` into tmp/bench (@c_servers[name]): nil, or why it cannot run.
+    def c_server_problem(name)
+      file, libraries = C_SERVERS.fetch(name)
+      binary = (@c_servers ||= {})[name] = File.join(ROOT, "tmp/bench", file)
+      source = File.join(ROOT, "bench/reference/#{file}.c")
+      FileUtils.mkdir_p(File.dirname(binary))
+      return nil if File.exist?(binary) && File.mtime(binary) >= File.mtime(source)
 
-      out, status = Open3.capture2e("cc", "-O2", "-Wall", "-o", @c_server, source)
-      status.success? ? nil : "does not build: #{out.lines.first&.strip}"
+      out, status = Open3.capture2e("cc", "-O2", "-Wall", "-o", binary, source, *libraries)
+      status.success? ? nil : "does not build: #{out.lines.grep(/error/).first&.strip || out.lines.first&.strip}"
     end
 
     def async_problems
@@ -350,14 +363,17 @@ module Bench
         return "Ruby's floor for a fiber per connection: http-keepalive and http-close only"
       end
       if scenario == "http-redis"
-        return "the C server has no Redis client" if subject == "c-epoll"
+        return "the C servers have no Redis client" if C_SERVERS.key?(subject)
         return "one connection at a time: threads is the scheduler-less row" if subject == "blocking"
       end
       if scenario == "http-cpu" && subject.start_with?("evt-ractors-") && Integer(subject[/\d+\z/]) > 1 && !parallel_ractors?
         return "Ruby #{RUBY_VERSION} crashes with fibers in two Ractors at once (ruby/ruby#13466)"
       end
+      if subject == "c-blocking" && scenario == "http-keepalive"
+        return "one connection at a time: the other keep-alive connections would wait for it to end"
+      end
       return nil if scenario.start_with?("http-") || CORE_SUBJECTS.key?(scenario) || %w[falcon rails].include?(scenario)
-      return "an HTTP server only" if subject == "c-epoll"
+      return "an HTTP server only" if C_SERVERS.key?(subject)
       return "one thread cannot block on several readers" if scenario == "close-waiters" && subject == "blocking"
       return "one thread cannot serve and read at once" if %w[big-reads thread-server thread-clients].include?(scenario) && subject == "blocking"
       return "one thread cannot hold #{@size[:idle]} waiting connections" if scenario == "idle-connections" && subject == "blocking"

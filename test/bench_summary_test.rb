@@ -12,11 +12,13 @@ class BenchSummaryTest < Minitest::Test
   README = File.join(ROOT, "README.md")
   FIX = "run `ruby bench/tools/summary.rb --readme README.md`"
 
-  # A run, by hand: a C row, two evt rows, two peers, and rows the summary must pass over.
+  # A run, by hand: three C rows (one with errors), two evt rows, two peers, and rows the summary must pass over.
   DOCUMENT = {
     ruby: "3.4.5", yjit: false, date: "2026-11-26", command: "bin/bench --only http-keepalive,falcon --repeat 3",
     results: [
       {scenario: "http-keepalive", subject: "c-epoll", cpu_us_per_req: 4.0, repeat_runs: [4.1, 4.0, 3.9]},
+      {scenario: "http-keepalive", subject: "c-uring", cpu_us_per_req: 3.5, errors: 12, repeat_runs: [3.5, 3.5, 3.5]},
+      {scenario: "http-keepalive", subject: "c-blocking", cpu_us_per_req: 3.2, errors: 0, repeat_runs: [3.2, 3.2, 3.2]},
       {scenario: "http-keepalive", subject: "blocking", cpu_us_per_req: 3.0, repeat_runs: [3.0, 3.0, 3.0]},
       {scenario: "http-keepalive", subject: "evt-epoll", cpu_us_per_req: 6.0, repeat_runs: [6.0, 6.0, 6.0]},
       {scenario: "http-keepalive", subject: "evt-io_uring", cpu_us_per_req: 5.0, repeat_runs: [5.0, 5.0, 5.0]},
@@ -81,13 +83,14 @@ class BenchSummaryTest < Minitest::Test
     summary = Bench::Summary.new(DOCUMENT, "bench/results/hand.json")
     http, falcon = summary.rows
     # evt: io_uring's 5.0 beats epoll's 6.0; peers: async-uring's 6.25 (blocking's 3.0 is a
-    # reference row, carbon failed); 5.0 / 6.25 = 0.80 and 5.0 / 4.0 = 1.25.
-    assert_equal %w[c-epoll evt-io_uring async-uring], http.values_at(:c, :evt, :peer).map { |r| r[:subject] }
+    # reference row, carbon failed); C: c-blocking's 3.2 (c-uring's 3.5 had errors); 5.0 / 6.25 =
+    # 0.80 and 5.0 / 3.2 = 1.56.
+    assert_equal %w[c-blocking evt-io_uring async-uring], http.values_at(:c, :evt, :peer).map { |r| r[:subject] }
     # falcon: falcon-evt-epoll's 40.0 over falcon-uring's 50.0 (itsi is not Falcon): 0.80.
     assert_equal [nil, "falcon-evt-epoll", "falcon-uring"], falcon.values_at(:c, :evt, :peer).map { |r| r&.fetch(:subject) }
 
     text = summary.to_s
-    assert_includes text, "| http-keepalive | CPU µs/req | 4.00 | evt-io_uring 5.00 | async-uring 6.25 | 0.80 | 1.25 |\n"
+    assert_includes text, "| http-keepalive | CPU µs/req | 3.20 | evt-io_uring 5.00 | async-uring 6.25 | 0.80 | 1.56 |\n"
     assert_includes text, "| falcon (hello) | CPU µs/req | — | falcon-evt-epoll 40.0 | falcon-uring 50.0 | 0.80 | — |\n"
     assert_includes text, "`bench/results/hand.json`: Ruby 3.4.5, no YJIT, 2026-11-26, " \
                           "`bin/bench --only http-keepalive,falcon --repeat 3`; medians of 3 runs"

@@ -209,6 +209,8 @@ module Bench
       out = []
       best = rows.find { |r| r[:best_peer] }
       out << "Best peer (x best peer is over its figure): #{best[:best_peer]}." if best
+      c = rows.find { |r| r[:best_c] }
+      out << "Best C reference (x C is over its figure): #{c[:best_c]}." if c
       fastest = rows.find { |r| r[:fastest_peer] }
       out << "Peer with the most req/s (req/s x peer is over its req/s): #{fastest[:fastest_peer]}." if fastest
       out.empty? ? [] : ["", out.join(" ")]

@@ -20,7 +20,7 @@ module Bench
     # close-waiters: a row's figure is at the largest N it reached; compare only those at the largest.
     largest = rows.filter_map { |r| r[:n] }.max
     rows = rows.select { |r| r[:n] == largest } if largest
-    c = rows.find { |r| r[:subject] == "c-epoll" }
+    c = Bench.best_c(rows, key)
     # A peer that left readers hanging did not do the job, however fast its close.
     # The core scenarios compare evt one way against evt the other (a peer there is a reference).
     core = CORE_SUBJECTS.key?(scenario)
@@ -31,7 +31,10 @@ module Bench
         row[:vs_first] = (row[key] / first[key]).round(2)
         row[:rps_vs_first] = row[:rps].fdiv(first[:rps]).round(2) if row[:rps]
       end
-      row[:vs_c] = (row[key] / c[key]).round(2) if c && row != c
+      if c && row != c
+        row[:vs_c] = (row[key] / c[key]).round(2)
+        row[:best_c] = c[:subject]
+      end
       row[:vs_best_peer] = row[key].fdiv(best_peer[key]).round(2) if best_peer
       row[:best_peer] = best_peer[:subject] if best_peer
     end

@@ -36,7 +36,7 @@ module Bench
   def http(subject, keepalive:)
     # One connection at a time cannot keep 100 keep-alive connections: the rest would starve.
     connections = %w[blocking fibers].include?(subject) && keepalive ? 1 : @connections
-    server = start_server(subject == "c-epoll" ? [@c_server] : [*ruby_for(subject), "bench/servers/http_server.rb", subject])
+    server = start_server(C_SERVERS.key?(subject) ? [@c_servers.fetch(subject)] : [*ruby_for(subject), "bench/servers/http_server.rb", subject])
     begin
       url = "http://127.0.0.1:#{server[:port]}/"
       headers = keepalive ? [] : ["-H", "Connection: close"]

@@ -55,7 +55,7 @@ module Bench
           body << text(16, y + 14, row[:subject])
           if row[key]
             width = max.positive? ? (row[key] / max * BAR).clamp(1, BAR) : 1
-            color = row[:subject].match?(/(\A|-)evt(-|\z)/) ? "#2f6fb3" : (row[:subject] == "c-epoll" ? "#777" : "#d08a2e")
+            color = row[:subject].match?(/(\A|-)evt(-|\z)/) ? "#2f6fb3" : (row[:subject].start_with?("c-") ? "#777" : "#d08a2e")
             body << %(<rect x="#{LABEL}" y="#{y + 3}" width="#{width.round(1)}" height="#{ROW - 6}" fill="#{color}"/>)
             body << text(LABEL + width + 6, y + 14, label(row, key))
           else
@@ -79,7 +79,7 @@ module Bench
       parts = [format(row[key] < 10 ? "%.2f" : "%.1f", row[key])]
       parts << format("%.2f× best peer", row[:vs_best_peer]) if row[:vs_best_peer] && row[:subject] != row[:best_peer]
       parts << "best peer" if row[:subject] == row[:best_peer]
-      parts << format("%.2f× C", row[:vs_c]) if row[:vs_c]
+      parts << format("%.2f× %s", row[:vs_c], row[:best_c] || "C") if row[:vs_c]
       parts << format("%.2f× the first", row[:vs_first]) if row[:vs_first]
       parts << format("%.2f× its req/s", row[:rps_vs_first]) if row[:rps_vs_first]
       if row[:vs_io_event] && row[:subject] != row[:io_event_row]

@@ -2,7 +2,7 @@
 
 # The README's summary of a bin/bench run: one Markdown table, a row per scenario (per app for
 # falcon and rails), made from the results file alone. Each row: the scenario's metric (lower is
-# better), the C server's figure, evt's best subject and its figure, the best peer's (async-epoll,
+# better), the best C reference's figure (of those that served the row without errors), evt's best subject and its figure, the best peer's (async-epoll,
 # async-uring, carbon, uringmachine, threads: Bench::PEERS without the blocking and fibers reference
 # rows; none for blocking-ops and http-cpu, which compare evt with itself), evt's best over the best
 # peer's and over C's. For falcon and rails: evt's best falcon-evt-* row against the best of
@@ -78,7 +78,7 @@ module Bench
           end
         else
           peers = CORE_SUBJECTS.key?(scenario) ? [] : same.select { |r| SUMMARY_PEERS.include?(r[:subject]) }
-          [{label: scenario, unit: unit, key: key, c: same.find { |r| r[:subject] == "c-epoll" },
+          [{label: scenario, unit: unit, key: key, c: Bench.best_c(same, key),
             evt: best(same.select { |r| r[:subject].match?(/\Aevt(-|\z)/) && !emulated.key?(r[:subject].to_sym) }, key),
             peer: best(peers, key)}]
         end
