@@ -244,6 +244,7 @@ module Bench
       abort "bin/bench: evt does not load" unless status.success?
       rows = out.lines.map { |line| line.chomp.split("\t", 2) }
       @emulated = rows.select { |_, emulation| emulation }.to_h { |name, emulation| ["evt-#{name}", emulation] }
+      @default_backend = rows.first&.first # availables' first: what Evt::Scheduler.new takes
       rows.map(&:first)
     end
 

@@ -15,6 +15,7 @@ class BenchSummaryTest < Minitest::Test
   # A run, by hand: three C rows (one with errors), two evt rows, two peers, and rows the summary must pass over.
   DOCUMENT = {
     ruby: "3.4.5", yjit: false, date: "2026-11-26", command: "bin/bench --only http-keepalive,falcon --repeat 3",
+    default_backend: "epoll",
     results: [
       {scenario: "http-keepalive", subject: "c-epoll", cpu_us_per_req: 4.0, repeat_runs: [4.1, 4.0, 3.9]},
       {scenario: "http-keepalive", subject: "c-uring", cpu_us_per_req: 3.5, errors: 12, repeat_runs: [3.5, 3.5, 3.5]},
@@ -25,6 +26,7 @@ class BenchSummaryTest < Minitest::Test
       {scenario: "http-keepalive", subject: "async-epoll", cpu_us_per_req: 8.0, repeat_runs: [8.0, 8.0, 8.0]},
       {scenario: "http-keepalive", subject: "async-uring", cpu_us_per_req: 6.25, repeat_runs: [6.25, 6.25, 6.25]},
       {scenario: "http-keepalive", subject: "carbon", error: "the server did not start", failed_runs: 3},
+      {scenario: "http-keepalive", subject: "uringmachine", cpu_us_per_req: 2.0, errors: 40, repeat_runs: [2.0, 2.0, 2.0]},
       {scenario: "falcon", subject: "falcon-epoll", app: "hello", cpu_us_per_req: 55.0},
       {scenario: "falcon", subject: "falcon-uring", app: "hello", cpu_us_per_req: 50.0},
       {scenario: "falcon", subject: "falcon-evt", app: "hello", cpu_us_per_req: 45.0},
@@ -83,15 +85,17 @@ class BenchSummaryTest < Minitest::Test
     summary = Bench::Summary.new(DOCUMENT, "bench/results/hand.json")
     http, falcon = summary.rows
     # evt: io_uring's 5.0 beats epoll's 6.0; peers: async-uring's 6.25 (blocking's 3.0 is a
-    # reference row, carbon failed); C: c-blocking's 3.2 (c-uring's 3.5 had errors); 5.0 / 6.25 =
-    # 0.80 and 5.0 / 3.2 = 1.56.
+    # reference row, carbon failed, uringmachine's 2.0 had errors); C: c-blocking's 3.2 (c-uring's
+    # 3.5 had errors); the default, epoll: 6.0 / 6.25 = 0.96; 5.0 / 6.25 = 0.80 and 5.0 / 3.2 = 1.56.
+    assert_equal %w[c-blocking evt-epoll evt-io_uring async-uring], http.values_at(:c, :default, :evt, :peer).map { |r| r[:subject] }
     assert_equal %w[c-blocking evt-io_uring async-uring], http.values_at(:c, :evt, :peer).map { |r| r[:subject] }
     # falcon: falcon-evt-epoll's 40.0 over falcon-uring's 50.0 (itsi is not Falcon): 0.80.
-    assert_equal [nil, "falcon-evt-epoll", "falcon-uring"], falcon.values_at(:c, :evt, :peer).map { |r| r&.fetch(:subject) }
+    assert_equal [nil, "falcon-evt", "falcon-evt-epoll", "falcon-uring"],
+                 falcon.values_at(:c, :default, :evt, :peer).map { |r| r&.fetch(:subject) }
 
     text = summary.to_s
-    assert_includes text, "| http-keepalive | CPU µs/req | 3.20 | evt-io_uring 5.00 | async-uring 6.25 | 0.80 | 1.56 |\n"
-    assert_includes text, "| falcon (hello) | CPU µs/req | — | falcon-evt-epoll 40.0 | falcon-uring 50.0 | 0.80 | — |\n"
+    assert_includes text, "| http-keepalive | CPU µs/req | 3.20 | evt-epoll 6.00 | evt-io_uring 5.00 | async-uring 6.25 | 0.96 | 0.80 | 1.56 |\n"
+    assert_includes text, "| falcon (hello) | CPU µs/req | — | falcon-evt 45.0 | falcon-evt-epoll 40.0 | falcon-uring 50.0 | 0.90 | 0.80 | — |\n"
     assert_includes text, "`bench/results/hand.json`: Ruby 3.4.5, no YJIT, 2026-11-26, " \
                           "`bin/bench --only http-keepalive,falcon --repeat 3`; medians of 3 runs"
     assert_includes text, "[hand.md](bench/results/hand.md)"

@@ -228,7 +228,8 @@ module Bench
   def write_outputs
     document = {ruby: RUBY_VERSION, yjit: @options[:yjit], cores: @cores, date: Time.now.utc.strftime("%Y-%m-%d"),
                 run: @options[:quick] ? "quick" : "full", http_duration_s: @size[:duration],
-                connections: @connections, descriptor_limit: @descriptors.slice(:before, :after), **provenance,
+                connections: @connections, descriptor_limit: @descriptors.slice(:before, :after),
+                default_backend: @default_backend, **provenance,
                 results: @results}
     document[:soak_duration_s] = @size[:soak] if @options[:only].include?("soak")
     [@options[:json], @options[:svg]].each { |f| Dir.mkdir(File.dirname(f)) unless Dir.exist?(File.dirname(f)) }

@@ -43,14 +43,15 @@ module Bench
 
     # The table and the line under it.
     def to_s
-      lines = ["| scenario | metric, lower is better | C | evt's best | best peer | evt ÷ peer | evt ÷ C |",
-               "|---|---|---:|---|---|---:|---:|"]
+      lines = ["| scenario | metric, lower is better | C | evt's default | evt's best | best peer | default ÷ peer | best ÷ peer | best ÷ C |",
+               "|---|---|---:|---|---|---|---:|---:|---:|"]
       rows.each do |row|
-        next lines << "| #{row[:label]} | #{row[:unit]} | — | #{row[:text]} | — | — | — |" if row[:text]
+        next lines << "| #{row[:label]} | #{row[:unit]} | — | — | #{row[:text]} | — | — | — | — |" if row[:text]
 
         key = row[:key]
-        lines << "| #{row[:label]} | #{row[:unit]} | #{figure(row[:c], key)} | #{named(row[:evt], key)} | " \
-                 "#{named(row[:peer], key)} | #{ratio(row[:evt], row[:peer], key)} | #{ratio(row[:evt], row[:c], key)} |"
+        lines << "| #{row[:label]} | #{row[:unit]} | #{figure(row[:c], key)} | #{named(row[:default], key)} | " \
+                 "#{named(row[:evt], key)} | #{named(row[:peer], key)} | #{ratio(row[:default], row[:peer], key)} | " \
+                 "#{ratio(row[:evt], row[:peer], key)} | #{ratio(row[:evt], row[:c], key)} |"
       end
       "#{lines.join("\n")}\n\n#{footer}\n"
     end
@@ -60,25 +61,28 @@ module Bench
       @document[:emulated] || {}
     end
 
-    # [{label:, unit:, key:, c:, evt:, peer:}]: +key+ the metric, each of c, evt and peer a row of
-    # the results (or nil); soak, which has no metric: [{label:, unit:, text:}], its verdicts.
+    # [{label:, unit:, key:, c:, default:, evt:, peer:}]: +key+ the metric, each of c, default, evt
+    # and peer a row of the results (or nil); soak, which has no metric: [{label:, unit:, text:}],
+    # its verdicts. A row that hung or had errors is never a best, nor the default's figure.
     def rows
       scenarios.flat_map do |scenario|
         next soak if scenario == "soak"
 
         key = metric(scenario) or next []
-        same = @results.select { |r| r[:scenario] == scenario && r[key].is_a?(Numeric) && !r[:hang] }
+        same = @results.select { |r| r[:scenario] == scenario && r[key].is_a?(Numeric) && !r[:hang] && r[:errors].to_i.zero? }
         same = at_largest_n(same)
         unit = UNITS.fetch(key, key.to_s)
         if %w[falcon rails].include?(scenario)
           same.group_by { |r| r[:app] }.map do |app, per_app|
             {label: "#{scenario} (#{app_title(scenario, app)})", unit: unit, key: key, c: nil,
+             default: default_row(per_app, scenario == "falcon" ? "falcon-evt" : "falcon-evt-%s"),
              evt: best(per_app.select { |r| r[:subject].match?(EVT_FALCON) }, key),
              peer: best(per_app.select { |r| IO_EVENT_FALCON.include?(r[:subject]) }, key)}
           end
         else
           peers = CORE_SUBJECTS.key?(scenario) ? [] : same.select { |r| SUMMARY_PEERS.include?(r[:subject]) }
           [{label: scenario, unit: unit, key: key, c: Bench.best_c(same, key),
+            default: (default_row(same, "evt-%s") unless CORE_SUBJECTS.key?(scenario)),
             evt: best(same.select { |r| r[:subject].match?(/\Aevt(-|\z)/) && !emulated.key?(r[:subject].to_sym) }, key),
             peer: best(peers, key)}]
         end
@@ -186,6 +190,14 @@ module Bench
 
     def best(rows, key)
       rows.min_by { |r| r[key] }
+    end
+
+    # The row of the backend evt chose by default in that run (its name in +pattern+'s %s; a pattern
+    # without one names it alone): nil where the file does not record the default.
+    def default_row(rows, pattern)
+      backend = @document[:default_backend] or return nil
+      name = pattern.include?("%s") ? format(pattern, backend) : pattern
+      rows.find { |r| r[:subject] == name }
     end
 
     # Three significant digits under 1, then two decimals under 10, then one.
