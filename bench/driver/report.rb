@@ -21,10 +21,10 @@ module Bench
     largest = rows.filter_map { |r| r[:n] }.max
     rows = rows.select { |r| r[:n] == largest } if largest
     c = Bench.best_c(rows, key)
-    # A peer that left readers hanging did not do the job, however fast its close.
+    # A peer that left readers hanging, or had errors, did not do the job, however fast.
     # The core scenarios compare evt one way against evt the other (a peer there is a reference).
     core = CORE_SUBJECTS.key?(scenario)
-    best_peer = rows.select { |r| PEERS.include?(r[:subject]) && !r[:hang] }.min_by { |r| r[key] } unless core
+    best_peer = rows.select { |r| PEERS.include?(r[:subject]) && !r[:hang] && r[:errors].to_i.zero? }.min_by { |r| r[key] } unless core
     first = rows.first if core
     rows.each do |row|
       if first && row != first
