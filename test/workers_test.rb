@@ -115,6 +115,35 @@ class WorkersTest < Minitest::Test
     end
   end
 
+  # A worker that cannot boot is started again after a back-off that doubles (0.1, 0.2, 0.4 s...),
+  # not forked again and again at full speed. The supervisor says so on its stderr, and still stops
+  # on SIGTERM.
+  def test_a_worker_that_fails_at_boot_is_started_again_after_a_growing_pause
+    Dir.mktmpdir do |dir|
+      starts = File.join(dir, "starts")
+      log = File.join(dir, "stderr")
+      server = TCPServer.new("127.0.0.1", 0)
+      supervisor = fork do
+        $stderr.reopen(log, "w")
+        Evt::Workers.new(count: 1, listeners: [server], stop_timeout: 5).run do |_worker|
+          File.write(starts, "#{Process.clock_gettime(Process::CLOCK_MONOTONIC)}\n", mode: "a")
+          raise "cannot boot"
+        end
+        exit!(0)
+      end
+      server.close
+      Timeout.timeout(10) { sleep 0.05 until File.exist?(starts) && File.readlines(starts).size >= 4 }
+      times = File.readlines(starts).map { |line| Float(line) }
+      # Pauses of 0.1, 0.2 and 0.4 s before the second, third and fourth starts.
+      assert_operator times[3] - times[0], :>=, 0.5, "4 starts in #{(times[3] - times[0]).round(3)} s of a worker that cannot boot"
+      gaps = times.each_cons(2).map { |a, b| b - a }
+      assert_operator gaps[2], :>, gaps[0], "the pauses did not grow: #{gaps.map { |g| g.round(3) }}"
+      assert_match(/worker 0 ended \d+ time\(s\) in a row within 5 s of its start; starting it again in/, File.read(log))
+    ensure
+      assert stop(supervisor).success? if supervisor
+    end
+  end
+
   def test_sigterm_lets_the_requests_in_flight_finish
     supervisor, port = start_supervisor(count: 1)
     worker = ask(port, "pid").to_i

@@ -101,6 +101,15 @@ module Evt
     # @api private
     SIGNALS = %w[TERM INT HUP CHLD].freeze
 
+    # A worker that ends within this many seconds of its start failed to boot (a missing file, a
+    # port in use): it is started again only after a back-off, which doubles from BACKOFF_FIRST at
+    # each such end in a row, up to BACKOFF_MAX. One that lived longer is started again at once.
+    QUICK_END = 5
+    # @see QUICK_END
+    BACKOFF_FIRST = 0.1
+    # @see QUICK_END
+    BACKOFF_MAX = 10
+
     # Whether this Ruby runs fibers in several Ractors at once (see the class's notes): 4.0 and
     # later, which have ruby/ruby#13466's fix.
     PARALLEL_RACTOR_FIBERS = RUBY_VERSION >= "4"
@@ -135,6 +144,9 @@ module Evt
       @workers = {} # pid (or Ractor) => index
       @ends = {} # a worker Ractor's object_id => [it, the thread that waits for its end, its stop pipe's write end]
       @restarts = 0
+      @started = {} # index => when its worker last started (monotonic seconds)
+      @quick_ends = Hash.new(0) # index => its workers' ends within QUICK_END of their start, in a row
+      @due = {} # index => when its worker, ended quickly, is to start again
     end
 
     # @return [Array<Integer>] the pids of the worker processes running now (none with `ractors:`)
@@ -142,7 +154,7 @@ module Evt
       @ractors ? [] : @workers.keys
     end
 
-    # @return [Integer] how many workers were started again after they died
+    # @return [Integer] how many workers died and were (or are about to be) started again
     attr_reader :restarts
 
     # Starts the workers and supervises them until SIGTERM or SIGINT (or #stop from another thread)
@@ -200,11 +212,17 @@ module Evt
 
     def supervise
       loop do
+        start_due
+        # Until the next event, or the next worker due to start again.
+        wait = @due.empty? ? nil : [@due.values.min - now, 0].max
+        next unless IO.select([@events], nil, nil, wait)
+
         case (event = @events.gets&.chomp)
-        when "CHLD" then @ractors || reap { |index| spawn(index) }
+        when "CHLD" then @ractors || reap { |index| respawn(index) }
         when /\AENDED (\d+)\z/ then ractor_ended(Integer(::Regexp.last_match(1)))
         when "HUP" then roll
         when "TERM", "INT"
+          @due.clear # not started again: stopping
           stop_workers(@workers.keys)
           return
         else
@@ -219,14 +237,38 @@ module Evt
         index = @workers.delete(pid)
         next unless index
 
-        @restarts += 1
         yield index
       end
     rescue Errno::ECHILD
       nil
     end
 
+    def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    # A worker died: started again now, or after the back-off when it ended soon after its start
+    # (QUICK_END): a worker that cannot boot is not forked again and again at full speed.
+    def respawn(index)
+      @restarts += 1
+      quick = now - @started.fetch(index) < QUICK_END
+      @quick_ends[index] = quick ? @quick_ends[index] + 1 : 0
+      return spawn(index) unless quick
+
+      delay = [BACKOFF_FIRST * (2**(@quick_ends[index] - 1)), BACKOFF_MAX].min
+      @due[index] = now + delay
+      warn "evt: worker #{index} ended #{@quick_ends[index]} time(s) in a row within #{QUICK_END} s of its start; " \
+           "starting it again in #{delay.round(1)} s"
+    end
+
+    # Starts the workers whose back-off is over.
+    def start_due
+      @due.select { |_, at| at <= now }.each_key do |index|
+        @due.delete(index)
+        spawn(index)
+      end
+    end
+
     def spawn(index)
+      @started[index] = now
       return start_ractor(index) if @ractors
 
       pid = fork do
@@ -339,8 +381,7 @@ module Evt
       index = @workers.delete(ractor)
       return unless index
 
-      @restarts += 1
-      spawn(index)
+      respawn(index)
     end
 
     # SIGHUP: a new worker first, then the old one stops; one index at a time. (Ractors where Ruby
