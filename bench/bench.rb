@@ -254,7 +254,8 @@ module Bench
       binary = (@c_servers ||= {})[name] = File.join(ROOT, "tmp/bench", file)
       source = File.join(ROOT, "bench/reference/#{file}.c")
       FileUtils.mkdir_p(File.dirname(binary))
-      return nil if File.exist?(binary) && File.mtime(binary) >= File.mtime(source)
+      inputs = [source, File.join(ROOT, "bench/reference/reference.h")]
+      return nil if File.exist?(binary) && File.mtime(binary) >= inputs.map { |f| File.mtime(f) }.max
 
       out, status = Open3.capture2e("cc", "-O2", "-Wall", "-o", binary, source, *libraries)
       status.success? ? nil : "does not build: #{out.lines.grep(/error/).first&.strip || out.lines.first&.strip}"

@@ -7,25 +7,10 @@
  * ends while the others wait: bin/bench does not run it there.)
  * Prints "listening on PORT" once it accepts connections on 127.0.0.1 at a port the kernel chose. */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <netinet/in.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-static const char RESPONSE[] =
-    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n\r\nHello World\n";
-static const char CLOSE_RESPONSE[] =
-    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 12\r\nConnection: close\r\n\r\nHello World\n";
-
-static void
-die(const char *what)
-{
-    perror(what);
-    exit(1);
-}
+#include "reference.h"
 
 /* Writes all of it, as the blocking socket allows: 0 when the client went away. */
 static int
@@ -70,18 +55,7 @@ serve(int fd)
 int
 main(void)
 {
-    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (listener < 0) die("socket");
-    int one = 1;
-    if (setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0) die("setsockopt");
-    struct sockaddr_in address = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (bind(listener, (struct sockaddr *)&address, sizeof(address)) < 0) die("bind");
-    if (listen(listener, SOMAXCONN) < 0) die("listen");
-    socklen_t length = sizeof(address);
-    if (getsockname(listener, (struct sockaddr *)&address, &length) < 0) die("getsockname");
-
-    printf("listening on %d\n", ntohs(address.sin_port));
-    fflush(stdout);
+    int listener = listen_on_loopback(0);
 
     for (;;) {
         int fd = accept4(listener, NULL, NULL, SOCK_CLOEXEC);

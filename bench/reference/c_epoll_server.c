@@ -4,33 +4,17 @@
  * response, keep the connection unless the client asked to close) with no runtime around it.
  * Prints "listening on PORT" once it accepts connections on 127.0.0.1 at a port the kernel chose. */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <netinet/in.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/epoll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-static const char RESPONSE[] =
-    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n\r\nHello World\n";
-static const char CLOSE_RESPONSE[] =
-    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 12\r\nConnection: close\r\n\r\nHello World\n";
+#include "reference.h"
 
 struct connection {
     int fd;
     size_t length;
     char buffer[8192];
 };
-
-static void
-die(const char *what)
-{
-    perror(what);
-    exit(1);
-}
 
 static void
 finish(int epfd, struct connection *c)
@@ -61,23 +45,12 @@ serve(struct connection *c)
 int
 main(void)
 {
-    int listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (listener < 0) die("socket");
-    int one = 1;
-    if (setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0) die("setsockopt");
-    struct sockaddr_in address = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (bind(listener, (struct sockaddr *)&address, sizeof(address)) < 0) die("bind");
-    if (listen(listener, SOMAXCONN) < 0) die("listen");
-    socklen_t length = sizeof(address);
-    if (getsockname(listener, (struct sockaddr *)&address, &length) < 0) die("getsockname");
+    int listener = listen_on_loopback(SOCK_NONBLOCK);
 
     int epfd = epoll_create1(EPOLL_CLOEXEC);
     if (epfd < 0) die("epoll_create1");
     struct epoll_event event = {.events = EPOLLIN, .data.ptr = NULL};
     if (epoll_ctl(epfd, EPOLL_CTL_ADD, listener, &event) < 0) die("epoll_ctl(ADD)");
-
-    printf("listening on %d\n", ntohs(address.sin_port));
-    fflush(stdout);
 
     struct epoll_event events[256];
     for (;;) {

@@ -7,20 +7,12 @@
  * completions. The ring is set up with the fastest flags the kernel takes.
  * Prints "listening on PORT" once it accepts connections on 127.0.0.1 at a port the kernel chose. */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <liburing.h>
-#include <netinet/in.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-static const char RESPONSE[] =
-    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 12\r\n\r\nHello World\n";
-static const char CLOSE_RESPONSE[] =
-    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 12\r\nConnection: close\r\n\r\nHello World\n";
+#include "reference.h"
 
 enum { ENTRIES = 4096, MAX_ANSWERS = 64 };
 
@@ -39,11 +31,12 @@ struct connection {
 static struct io_uring ring;
 static int multishot = 1;
 
+/* die() for liburing's calls, which return -errno. */
 static void
-die(const char *what, int error)
+die_with(const char *what, int error)
 {
-    fprintf(stderr, "%s: %s\n", what, strerror(error));
-    exit(1);
+    errno = error;
+    die(what);
 }
 
 /* A free submission entry, submitting what is queued when the ring is full. */
@@ -53,7 +46,7 @@ sqe(void)
     struct io_uring_sqe *entry = io_uring_get_sqe(&ring);
     while (!entry) {
         int n = io_uring_submit(&ring);
-        if (n < 0 && n != -EINTR && n != -EAGAIN && n != -EBUSY) die("io_uring_submit", -n);
+        if (n < 0 && n != -EINTR && n != -EAGAIN && n != -EBUSY) die_with("io_uring_submit", -n);
         entry = io_uring_get_sqe(&ring);
     }
     return entry;
@@ -146,7 +139,7 @@ complete(int listener, struct io_uring_cqe *cqe)
     if (tag == TAG_ACCEPT) {
         if (res >= 0) {
             c = calloc(1, sizeof(*c));
-            if (!c) die("calloc", ENOMEM);
+            if (!c) die_with("calloc", ENOMEM);
             c->fd = res;
             arm_recv(c);
         }
@@ -189,15 +182,7 @@ complete(int listener, struct io_uring_cqe *cqe)
 int
 main(void)
 {
-    int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (listener < 0) die("socket", errno);
-    int one = 1;
-    if (setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0) die("setsockopt", errno);
-    struct sockaddr_in address = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (bind(listener, (struct sockaddr *)&address, sizeof(address)) < 0) die("bind", errno);
-    if (listen(listener, SOMAXCONN) < 0) die("listen", errno);
-    socklen_t length = sizeof(address);
-    if (getsockname(listener, (struct sockaddr *)&address, &length) < 0) die("getsockname", errno);
+    int listener = listen_on_loopback(0);
 
     /* The fastest setup the kernel takes, then less. */
     unsigned flags[] = {
@@ -214,23 +199,20 @@ main(void)
         struct io_uring_params params = {.flags = flags[i] | IORING_SETUP_CQSIZE, .cq_entries = ENTRIES * 4};
         if ((error = io_uring_queue_init_params(ENTRIES, &ring, &params)) == 0) break;
     }
-    if (error) die("io_uring_queue_init_params", -error);
+    if (error) die_with("io_uring_queue_init_params", -error);
 
     /* A multishot accept needs Linux 5.19: where the kernel refuses it (-EINVAL), a single one is
      * re-armed after each connection. */
     struct io_uring_probe *probe = io_uring_get_probe_ring(&ring);
-    if (!probe) die("io_uring_get_probe_ring", ENOMEM);
+    if (!probe) die_with("io_uring_get_probe_ring", ENOMEM);
     if (!io_uring_opcode_supported(probe, IORING_OP_SEND) || !io_uring_opcode_supported(probe, IORING_OP_RECV))
-        die("io_uring: no send or recv", ENOSYS);
+        die_with("io_uring: no send or recv", ENOSYS);
     io_uring_free_probe(probe);
     arm_accept(listener);
 
-    printf("listening on %d\n", ntohs(address.sin_port));
-    fflush(stdout);
-
     for (;;) {
         int n = io_uring_submit_and_wait(&ring, 1);
-        if (n < 0 && n != -EINTR && n != -EAGAIN && n != -EBUSY) die("io_uring_submit_and_wait", -n);
+        if (n < 0 && n != -EINTR && n != -EAGAIN && n != -EBUSY) die_with("io_uring_submit_and_wait", -n);
         struct io_uring_cqe *cqe;
         unsigned head, seen = 0;
         io_uring_for_each_cqe(&ring, head, cqe) {
