@@ -143,7 +143,7 @@ module Bench
              when "falcon", "rails" then app_tables(scenario, rows, metric)
              when "close-waiters" then close_waiters(rows, metric)
              when "soak" then soak(rows)
-             else table(rows, Report.table_columns(scenario), metric) + peers(rows)
+             else table(rows, Report.table_columns(scenario), metric) + peers(rows) + syscalls_by_call(rows)
              end
       out += ["", info[:note]] if info[:note]
       out
@@ -203,6 +203,14 @@ module Bench
         lines += ["", "```", *row[:stderr].first(8).map { |l| l.to_s[0, 200] }, "```"] if row[:stderr]&.any?
         lines
       end
+    end
+
+    # The system calls behind syscalls/req, by call, the most made first (the strace run's).
+    def syscalls_by_call(rows)
+      lines = rows.select { |r| r[:syscalls_by_call]&.any? }.map do |row|
+        "- #{row[:subject]}: #{row[:syscalls_by_call].map { |name, n| "#{name} #{format("%.2f", n)}" }.join(", ")}"
+      end
+      lines.empty? ? [] : ["", "System calls per request, by call:", "", *lines]
     end
 
     def peers(rows)

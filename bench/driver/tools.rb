@@ -31,8 +31,9 @@ module Bench
     {requests: requests, rps: out[%r{Requests/sec:\s+([\d.]+)}, 1].to_f, p99_ms: p99&.round(2), errors: errors}
   end
 
-  # Calls per request, from strace -c attached to every thread of the warm server for a short
-  # separate load: it slows the server down, so no other figure comes from this run.
+  # Calls per request, in all and by call ({name => calls per request}, the most made first), from
+  # strace -c attached to every thread of the warm server for a short separate load: it slows the
+  # server down, so no other figure comes from this run. [nil, nil] when strace cannot run.
   def syscalls_per_request(pid, url, connections, headers)
     tasks = Dir.children("/proc/#{pid}/task").flat_map { |tid| ["-p", tid] }
     log = File.join(ROOT, "tmp/bench/strace.#{pid}")
@@ -41,11 +42,16 @@ module Bench
     report = wrk(url, connections, @size[:strace], headers)
     Process.kill(:INT, strace)
     Process.wait(strace)
-    total = File.readlines(log).grep(/\btotal$/).first
+    lines = File.readlines(log)
     File.delete(log)
-    total ? (total.split[3].to_f / report[:requests]).round(2) : nil
+    per_request = ->(fields) { (fields[3].to_f / report[:requests]).round(2) }
+    # strace -c's rows: % time, seconds, usecs/call, calls, errors (blank when none), syscall.
+    rows = lines.map(&:split).select { |fields| fields.size >= 5 && fields[0].match?(/\A[\d.]+\z/) }
+    total = rows.find { |fields| fields.last == "total" }
+    by_call = rows.reject { |fields| fields.last == "total" }.to_h { |fields| [fields.last, per_request.call(fields)] }
+    [total && per_request.call(total), by_call.select { |_, n| n >= 0.01 }.sort_by { |_, n| -n }.to_h]
   rescue Failure, SystemCallError
-    nil
+    [nil, nil]
   end
 
   # redis-server on a free loopback port, pinned with the load (CPU 1), no persistence, in a

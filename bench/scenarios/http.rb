@@ -46,7 +46,7 @@ module Bench
       used = cpu_seconds(server[:pid]) - before
       figures = {rps: report[:rps].round(0), cpu_us_per_req: (used * 1e6 / report[:requests]).round(2),
                  p99_ms: report[:p99_ms], errors: report[:errors], connections: connections}
-      figures[:syscalls_per_req] = syscalls_per_request(server[:pid], url, connections, headers)
+      figures[:syscalls_per_req], figures[:syscalls_by_call] = syscalls_per_request(server[:pid], url, connections, headers)
       figures
     ensure
       stop(server)
