@@ -22,6 +22,12 @@ Gem::Specification.new do |spec|
   # What git tracks under these (a gem built outside a checkout: the same paths by glob). A
   # precompiled gem adds its builds (Rakefile, task native).
   shipped = %w[lib ext sig docs README.md CHANGELOG.md LICENSE .yardopts]
+  # And the benchmark reports the README and docs/ link, so that their links resolve in the gem.
+  shipped += Dir.chdir(__dir__) do
+    Dir["{README.md,docs/*.md}"].flat_map do |doc|
+      File.read(doc).scan(%r{\]\(((?:\.\./)?bench/results/[^)#\s]+\.md)}).flatten.map { |link| File.expand_path(link, File.dirname(doc)).delete_prefix("#{Dir.pwd}/") }
+    end.uniq
+  end
   tracked = Dir.chdir(__dir__) do
     IO.popen(["git", "ls-files", "-z", "--", *shipped], err: File::NULL, &:read).split("\0")
   rescue SystemCallError

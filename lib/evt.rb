@@ -224,7 +224,7 @@ module Evt
   #     #   @raise [TypeError] `fiber` is neither
   #   end
 
-  # @return [Boolean] whether the C extension (io_uring, epoll and poll backends) is loaded.
+  # @return [Boolean] whether the C extension (its io_uring, epoll, kqueue, poll and select backends) is loaded.
   def self.extension?
     EXTENSION_MISSING.nil?
   end
@@ -318,8 +318,8 @@ require_relative "evt/socket_write"
 require_relative "evt/selector" if Evt.extension? # the loop behind io-event's selector interface (evt/async)
 
 # evt: a Fiber Scheduler for CRuby on the fastest event mechanism the platform has (io_uring,
-# epoll, poll or select, in C; a loop written in Ruby over IO.select where the C extension is not
-# loaded).
+# epoll, kqueue, poll or select, in C; a loop written in Ruby over IO.select where the C extension
+# is not loaded).
 #
 # Where to start:
 # - {Evt.run}: runs a block with a scheduler on the current thread, until its fibers are done;

@@ -45,6 +45,98 @@ class ReadmeTest < Minitest::Test
     end
   end
 
+  DOC_FILES = ["README.md", "CONTRIBUTING.md", "CHANGELOG.md", "docs/*.md"].freeze
+  # Where a path in a code span starts, for it to be checked as one of this repository's.
+  TOP = %w[lib ext test bench bin docs sig apps].freeze
+  # Paths the docs name in other projects' trees: Ruby's scheduler tests, a file of io-event's.
+  FOREIGN = %w[test/fiber lib/io/event/native.rb].freeze
+
+  def doc_files
+    DOC_FILES.flat_map { |glob| Dir[File.join(ROOT, glob)] }
+  end
+
+  # GitHub's anchor of a heading: lower case, punctuation but - and _ dropped, spaces to -.
+  def anchors(file)
+    File.read(file).scan(/^#+ (.+)$/).map { |(title)| title.strip.downcase.gsub(/[^\p{Word}\- ]/, "").tr(" ", "-") }
+  end
+
+  # A link's #anchor names a heading of the page it points at (the same page when it has no path).
+  def test_every_anchor_names_a_heading
+    doc_files.each do |file|
+      File.read(file).scan(/\]\(([^)\s:]*)#([^)\s]+)\)/).each do |target, anchor|
+        page = target.empty? ? file : File.expand_path(target, File.dirname(file))
+        next unless page.end_with?(".md") && File.exist?(page)
+
+        assert_includes anchors(page), anchor, "#{file} links #{target}##{anchor}: no such heading in #{File.basename(page)}"
+      end
+    end
+  end
+
+  # The gem's pages (README, CHANGELOG, docs/) link only files the gem ships.
+  def test_the_gems_pages_link_files_it_ships
+    files = Dir.chdir(ROOT) { Gem::Specification.load(File.join(ROOT, "evt.gemspec")).files }
+    pages = files.grep(/\.md\z/).reject { |f| f.start_with?("bench/") }
+    refute_empty pages
+    missing = pages.flat_map do |page|
+      File.read(File.join(ROOT, page)).scan(/\]\(([^)#:\s]+)(?:#[^)]*)?\)/).flatten.filter_map do |link|
+        path = File.expand_path(link, File.join(ROOT, File.dirname(page))).delete_prefix("#{ROOT}/")
+        next if files.include?(path) || files.any? { |f| f.start_with?("#{path.chomp("/")}/") }
+
+        "#{page} links #{link}, which the gem does not ship"
+      end
+    end
+    assert_empty missing, missing.join("\n")
+  end
+
+  # Relative links stay inside the repository (the gem and a clone have nothing outside it).
+  def test_no_link_leaves_the_repository
+    doc_files.each do |file|
+      File.read(file).scan(/\]\(([^)#:\s]+)(?:#[^)]*)?\)/).flatten.each do |target|
+        path = File.expand_path(target, File.dirname(file))
+        assert path.start_with?("#{ROOT}/"), "#{file} links #{target}, outside the repository"
+      end
+    end
+  end
+
+  # A path in a code span (`bench/reference/c_epoll_server.c`) names a file or directory that
+  # exists; spans with a placeholder (<x>, *, {a,b}) are patterns, not paths, and FOREIGN are others'.
+  def test_code_span_paths_exist
+    missing = doc_files.flat_map do |file|
+      File.read(file).scan(/`([^`\s]+)`/).flatten.filter_map do |span|
+        path = span.sub(/:\d+(-\d+)?\z/, "").sub(%r{/\z}, "")
+        next unless TOP.include?(path.split("/").first) && path.include?("/")
+        next if path.match?(/[<>*{}$]/) || FOREIGN.include?(path)
+
+        "#{file.delete_prefix("#{ROOT}/")} names `#{span}`, which does not exist" unless File.exist?(File.join(ROOT, path))
+      end
+    end
+    assert_empty missing, missing.join("\n")
+  end
+
+  # Where the docs list backends (three or more names on a line, no platform named within two lines),
+  # they list every one the code has (ext/evt/backend_*.c).
+  def test_backend_lists_are_whole
+    backends = Dir[File.join(ROOT, "ext/evt/backend_*.c")].map { |f| File.basename(f, ".c").delete_prefix("backend_") }
+    backends = backends.map { |name| name == "uring" ? "io_uring" : name }
+    assert_operator backends.size, :>=, 5
+    files = doc_files + Dir[File.join(ROOT, "{lib,sig}/**/*.{rb,rbs}")] + [File.join(ROOT, "evt.gemspec")]
+    names = ->(text) { backends.select { |name| text.match?(/(?<![\w-])#{name}(?![\w-])/) } }
+    partial = files.flat_map do |file|
+      lines = File.readlines(file)
+      lines.each_with_index.filter_map do |line, i|
+        next if names.call(line).size < 3
+
+        # A list may run over the lines around it, and a platform named there explains a short one.
+        around = lines[[i - 2, 0].max..(i + 2)].join
+        named = names.call(around)
+        next if named.size == backends.size || around.match?(/Linux|macOS|BSD|Windows|Darwin/)
+
+        "#{file.delete_prefix("#{ROOT}/")}:#{i + 1} lists backends without #{(backends - named).join(", ")}: #{line.strip}"
+      end
+    end
+    assert_empty partial, partial.join("\n")
+  end
+
   examples.each_with_index do |code, index|
     first = code.lines.find { |line| !line.start_with?("require") && !line.strip.empty? }.to_s.strip
     define_method("test_example_#{index + 1}_runs: #{first[0, 50]}") { run_example(code) }

@@ -432,7 +432,7 @@ module Evt
   # is the short form. A scheduler belongs to the thread that uses it.
   #
   # Options of {Scheduler.new}, both with a default from the environment:
-  # - `backend:` the event mechanism, :io_uring, :epoll, :poll or :select; default EVT_BACKEND, else
+  # - `backend:` the event mechanism, :io_uring, :epoll, :kqueue, :poll or :select; default EVT_BACKEND, else
   #   the fastest that runs here ({Choosing#availables Scheduler.availables} lists them, fastest
   #   first; {Loop#backend #backend} names the one in use);
   # - `pool_size:` threads for the blocking operations Ruby 3.4+ hands to the scheduler (zlib, large
@@ -457,7 +457,7 @@ module Evt
   #   scheduler = Evt::Scheduler.new(backend: :epoll, pool_size: 2)
   #   scheduler.backend   # => :epoll
   #   scheduler.pool_size # => 2
-  # @example A backend that cannot run here
+  # @example A backend that cannot run on this machine (a Linux one, without libkqueue)
   #   Evt::Scheduler.new(backend: :iocp)
   #   # ArgumentError: evt: backend :iocp is unknown; available: :io_uring, :epoll, :poll, :select
   class Scheduler < Loop

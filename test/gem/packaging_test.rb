@@ -63,13 +63,17 @@ class PackagingTest < Minitest::Test
   end
 
   # The gemspec ships what git tracks of lib, ext, sig and docs, the README, the CHANGELOG, the
-  # licence and .yardopts (YARD's settings: `yard` in the installed gem documents it as here), and
+  # licence, the benchmark reports those pages link, and .yardopts (YARD's settings: `yard` in the installed gem documents it as here), and
   # no build product of this checkout (lib/evt/<series>/evt.so are beside the sources here).
   def test_the_gemspec_ships_what_git_tracks_with_docs_and_yardopts
     tracked, status = run_command("git", "ls-files", "--", "lib", "ext", "sig", "docs", "README.md", "CHANGELOG.md", "LICENSE", ".yardopts")
     skip "not a git checkout: #{tracked}" unless status.success?
     spec = Gem::Specification.load(File.join(ROOT, "evt.gemspec"))
-    assert_equal tracked.lines.map(&:chomp).sort, spec.files.sort
+    reports, files = spec.files.partition { |f| f.start_with?("bench/results/") }
+    assert_equal tracked.lines.map(&:chomp).sort, files.sort
+    # Beside them, the benchmark reports the pages link (readme_test checks that each link resolves).
+    refute_empty reports
+    reports.each { |report| assert run_command("git", "ls-files", "--error-unmatch", report).last.success?, report }
     on_disk = Dir.chdir(ROOT) { Dir["docs/*.md", "lib/**/*.rb", "ext/evt/*.{c,h}", "sig/**/*.rbs"] }
     assert_empty on_disk - spec.files, "files of the manual or the code the gem would not ship"
     assert_empty spec.files.grep(/\.(so|bundle|o)\z|Makefile\z/)
