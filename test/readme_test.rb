@@ -72,6 +72,22 @@ class ReadmeTest < Minitest::Test
     end
   end
 
+  # Every EVT_ variable evt's code reads is in the README's table, or in docs/testing.md's for those
+  # the README sends there; every one the README sends there is in that table.
+  def test_every_environment_variable_is_described
+    readme = File.read(File.join(ROOT, "README.md"))
+    testing = File.read(File.join(ROOT, "docs/testing.md"))
+    table = ->(text) { text.scan(/^\| ((?:`[A-Z_]+`(?:, )?)+) \|/).flatten.flat_map { |cell| cell.scan(/`([A-Z_]+)`/).flatten } }
+    sent = readme.lines.grep(/docs\/testing\.md/).grep(/\A\| `/).flat_map { |line| line.split(" | ").first.scan(/`([A-Z_]+)`/).flatten }
+    refute_empty sent
+    assert_empty sent - table.call(testing), "the README sends these to docs/testing.md, whose table lacks them"
+    code = Dir[File.join(ROOT, "{lib/**/*.rb,ext/evt/*.{c,rb}}")].flat_map do |file|
+      File.read(file).scan(/(?:ENV(?:\.fetch)?[\[(]"|ENV\.key\?\("|getenv\(")(EVT_[A-Z_]+)/).flatten
+    end
+    refute_empty code
+    assert_empty code.uniq - table.call(readme) - table.call(testing), "read by evt's code, described nowhere"
+  end
+
   # The gem's pages (README, CHANGELOG, docs/) link only files the gem ships.
   def test_the_gems_pages_link_files_it_ships
     files = Dir.chdir(ROOT) { Gem::Specification.load(File.join(ROOT, "evt.gemspec")).files }
