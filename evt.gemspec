@@ -21,7 +21,7 @@ Gem::Specification.new do |spec|
 
   # What git tracks under these (a gem built outside a checkout: the same paths by glob). A
   # precompiled gem adds its builds (Rakefile, task native).
-  shipped = %w[lib ext sig docs README.md CHANGELOG.md LICENSE .yardopts]
+  shipped = %w[lib ext sig docs README.md CHANGELOG.md CONTRIBUTING.md LICENSE .yardopts]
   # And the benchmark reports the README and docs/ link, so that their links resolve in the gem.
   shipped += Dir.chdir(__dir__) do
     Dir["{README.md,docs/*.md}"].flat_map do |doc|

@@ -5,7 +5,7 @@ require "open3"
 require "rbconfig"
 
 # ext/evt/LAYERS lists the C files bottom to top, each with the prefix of the names it defines; the
-# README's Layout quotes it. This holds the code to it, rule by rule. Each rule is a function of the
+# docs/development.md's Layout quotes it. This holds the code to it, rule by rule. Each rule is a function of the
 # tree (the sources, the objects' symbols) that returns what breaks it: run on the tree as it is, it
 # must find nothing; run on a copy broken on purpose, it must find that.
 #
@@ -177,12 +177,22 @@ class LayersTest < Minitest::Test
     refute_empty Rules.listing(layers + [layers.first], sources.keys)
   end
 
-  def test_the_readme_quotes_the_order
-    block = File.read(File.join(ROOT, "README.md"))[/^## Layout\n+```\n(.*?)```/m, 1]
-    refute_nil block, "the README has no Layout block"
+  def test_the_development_page_quotes_the_order
+    block = File.read(File.join(ROOT, "docs/development.md"))[/^## Layout\n+```\n(.*?)```/m, 1]
+    refute_nil block, "docs/development.md has no Layout block"
     quoted = block.lines.grep(%r{\Aext/evt/\S+\.(\{c,h\}|c|h)\s}).map { |line| line.delete_prefix("ext/evt/").rstrip }
     assert_equal File.read(File.join(EXT, "LAYERS")).lines.map(&:rstrip).grep_v(/\A(#|$)/), quoted,
-                 "the README's Layout does not quote ext/evt/LAYERS line for line"
+                 "docs/development.md's Layout does not quote ext/evt/LAYERS line for line"
+  end
+
+  # Every path the Layout names exists (its first column).
+  def test_the_layout_names_paths_that_exist
+    block = File.read(File.join(ROOT, "docs/development.md"))[/^## Layout\n+```\n(.*?)```/m, 1]
+    paths = block.lines.filter_map { |line| line[%r{\A([a-z][\w./{},-]*)\s}, 1] }
+    refute_empty paths
+    missing = paths.flat_map { |path| path.include?("{") ? %w[c h].map { |ext| path.sub("{c,h}", ext) } : [path] }
+                   .reject { |path| File.exist?(File.join(ROOT, path)) || Dir.glob(File.join(ROOT, path)).any? }
+    assert_empty missing, "docs/development.md's Layout names what the tree does not have"
   end
 
   def test_includes_run_down_and_backends_include_backend_h_alone

@@ -1,7 +1,7 @@
 /* The core's structures, which every layer above the backends shares: the loop, the registration
  * of a descriptor, the waiter a suspended fiber leaves in the loop, the kinds of wait. Data and
  * one-line helpers only: each C file declares what it gives in a header of its own (the order of
- * the layers is in the README's Layout, and bin/test checks it).
+ * the layers is in docs/development.md's Layout, and bin/test checks it).
  *
  * Every fiber suspended in evt is described by one evt_waiter living on that fiber's own stack
  * (nothing is allocated per operation). A waiter is in the ready queue, or waits on a descriptor's

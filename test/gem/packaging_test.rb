@@ -66,7 +66,7 @@ class PackagingTest < Minitest::Test
   # licence, the benchmark reports those pages link, and .yardopts (YARD's settings: `yard` in the installed gem documents it as here), and
   # no build product of this checkout (lib/evt/<series>/evt.so are beside the sources here).
   def test_the_gemspec_ships_what_git_tracks_with_docs_and_yardopts
-    tracked, status = run_command("git", "ls-files", "--", "lib", "ext", "sig", "docs", "README.md", "CHANGELOG.md", "LICENSE", ".yardopts")
+    tracked, status = run_command("git", "ls-files", "--", "lib", "ext", "sig", "docs", "README.md", "CHANGELOG.md", "CONTRIBUTING.md", "LICENSE", ".yardopts")
     skip "not a git checkout: #{tracked}" unless status.success?
     spec = Gem::Specification.load(File.join(ROOT, "evt.gemspec"))
     reports, files = spec.files.partition { |f| f.start_with?("bench/results/") }
