@@ -7,6 +7,7 @@ require_relative "support/http_peer"
 
 begin
   require "excon"
+  require "faraday"
   require "httpx"
   require "evt/httpx"
 rescue LoadError => e
@@ -14,7 +15,7 @@ rescue LoadError => e
 end
 
 # HTTP clients under evt against a real server (EvtTest::HttpPeer, on plain threads, over HTTP and
-# HTTPS): Net::HTTP, excon and httpx, with concurrent requests that overlap, big bodies, timeouts
+# HTTPS): Net::HTTP, excon, Faraday (on its default adapter, Net::HTTP) and httpx, with concurrent requests that overlap, big bodies, timeouts
 # and keep-alive reuse; and Timeout around them.
 class ClientHttpTest < Minitest::Test
   def setup
@@ -97,7 +98,7 @@ class ClientHttpTest < Minitest::Test
   BIG = ("0123456789abcdef" * 65_536 * 5).freeze # 5 MiB
 
   def gems!
-    skip "excon or httpx is not installed (bundle install): #{HTTP_GEMS_MISSING}" if defined?(HTTP_GEMS_MISSING)
+    skip "excon, faraday or httpx is not installed (bundle install): #{HTTP_GEMS_MISSING}" if defined?(HTTP_GEMS_MISSING)
   end
 
   def url(server, path = "/")
@@ -153,6 +154,21 @@ class ClientHttpTest < Minitest::Test
       end
       assert_equal [BIG] * 3, bodies
       assert_equal 1, big.connections, "keep-alive was not reused"
+    end
+
+    define_method(:"test_faraday_concurrent_requests_big_bodies_and_keep_alive_over_#{scheme}") do
+      gems!
+      server = peer(delay: 0.2, tls: scheme == :https)
+      assert_overlapping_requests(server) do |uri|
+        Faraday.new(url: "#{uri.scheme}://#{uri.host}:#{uri.port}", ssl: {ca_file: server.ca_file}).get(uri.path).body
+      end
+      big = peer(body: BIG, tls: scheme == :https)
+      bodies = []
+      evt do
+        connection = Faraday.new(url: url(big), ssl: {ca_file: big.ca_file})
+        3.times { bodies << connection.get("/").body }
+      end
+      assert_equal [BIG] * 3, bodies
     end
 
     define_method(:"test_httpx_concurrent_requests_big_bodies_and_keep_alive_over_#{scheme}") do

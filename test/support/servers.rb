@@ -6,7 +6,7 @@ require "socket"
 require "tmpdir"
 
 module EvtTest
-  # Real servers for the client tests: redis-server, memcached and PostgreSQL from Debian (bin/setup
+  # Real servers for the client tests: redis-server, memcached, PostgreSQL and MariaDB from Debian (bin/setup
   # installs them), each started once per test process on a free loopback port, in a temporary
   # directory, and stopped by PID when the process ends. Never a fixed port, never a system service.
   # Where a server is not installed, Servers.<name> skips the calling test, saying why.
@@ -62,6 +62,21 @@ module EvtTest
           [[*as(user), File.join(POSTGRES_BIN, "postgres"), "-D", data, "-p", port.to_s, "-k", dir,
             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
             "-c", "full_page_writes=off", "-c", "max_connections=200"], ready]
+        end
+      end
+
+      # @return [Server] MariaDB on 127.0.0.1, a fresh data directory, no grant tables (any user
+      #   connects without a password), no disk syncs. As root the server runs as the mysql user.
+      def mariadb(test)
+        start(test, :mariadb, "mariadbd") do |port, dir|
+          data = File.join(dir, "data")
+          user = Process.uid.zero? ? "mysql" : nil
+          FileUtils.chown_R(user, nil, dir) if user
+          run_as(nil, "mariadb-install-db", "--no-defaults", "--datadir=#{data}", "--auth-root-authentication-method=normal",
+                 "--skip-test-db", *(user ? ["--user=#{user}"] : []))
+          [["mariadbd", "--no-defaults", "--datadir=#{data}", "--port=#{port}", "--bind-address=127.0.0.1",
+            "--socket=#{File.join(dir, "mariadb.sock")}", "--skip-grant-tables", "--skip-name-resolve",
+            "--innodb-flush-log-at-trx-commit=0", "--max-connections=200", *(user ? ["--user=#{user}"] : [])]]
         end
       end
 
