@@ -15,6 +15,7 @@ end
 # transaction's rows come back, a query cut by Timeout.timeout leaves the fiber free and the
 # server's other connections working, and a server-side error is raised as without a scheduler.
 class ClientMysqlTest < Minitest::Test
+  include PoolOverlap
   def setup
     skip "trilogy is not installed (bundle install): #{TRILOGY_MISSING}" if defined?(TRILOGY_MISSING)
     @server = Servers.mariadb(self)
@@ -23,19 +24,7 @@ class ClientMysqlTest < Minitest::Test
   def connect = Trilogy.new(host: "127.0.0.1", port: @server.port, username: "root")
 
   def test_concurrent_queries_from_a_pool_overlap
-    results = []
-    took = elapsed do
-      evt do
-        pool = ConnectionPool.new(size: 10, timeout: 10) { connect }
-        10.times do |i|
-          Fiber.schedule do
-            pool.with { |conn| results << conn.query("SELECT #{i} AS n, SLEEP(0.3) AS s").to_a.first.first }
-          end
-        end
-      end
-    end
-    assert_equal (0...10).to_a, results.sort
-    assert_operator took, :<, 2.5, "ten 0.3 s queries took #{took} s: they did not overlap"
+    assert_pooled_queries_overlap(method(:connect)) { |conn, i| conn.query("SELECT #{i} AS n, SLEEP(0.3) AS s").to_a.first.first }
   end
 
   def test_a_transaction_and_its_rows

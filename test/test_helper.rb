@@ -180,6 +180,23 @@ module WorkersHelpers
   end
 end
 
+# Database client tests: ten fibers, each a query of 0.3 s through a pool of ten connections made
+# by +connect+; the block runs query +i+ on a connection and returns its number. They end together
+# (well under the 3 s one after another would take), each with its own answer.
+module PoolOverlap
+  def assert_pooled_queries_overlap(connect)
+    results = []
+    took = elapsed do
+      evt do
+        pool = ConnectionPool.new(size: 10, timeout: 10) { connect.call }
+        10.times { |i| Fiber.schedule { pool.with { |conn| results << yield(conn, i) } } }
+      end
+    end
+    assert_equal (0...10).to_a, results.sort
+    assert_operator took, :<, 2.5, "ten 0.3 s queries took #{took} s: they did not overlap"
+  end
+end
+
 # Ractor tests: Ruby's "Ractor is experimental" warning, off for the test only.
 module QuietRactors
   def setup
