@@ -105,9 +105,10 @@ class ClientHttpTest < Minitest::Test
     "#{server.ca_file ? "https" : "http"}://#{server.ca_file ? "localhost" : "127.0.0.1"}:#{server.port}#{path}"
   end
 
-  # Twenty fibers, each its own request that the server answers after 0.2 s: together in about
-  # 0.2 s, not 4 (under 3.5: TLS handshakes take their CPU one after another, and much more of it
-  # under AddressSanitizer).
+  # Twenty fibers, each its own request that the server answers after 0.2 s: the server holds
+  # many of them at once (one after another, it would hold one at a time). Counted at the server,
+  # not timed: under AddressSanitizer the TLS handshakes' CPU alone took 20 HTTPS requests past 3.5 s
+  # while they overlapped. The time bound is only generous.
   def assert_overlapping_requests(server)
     bodies = {}
     took = elapsed do
@@ -116,7 +117,9 @@ class ClientHttpTest < Minitest::Test
       end
     end
     assert_equal(20.times.to_h { |i| [i, "/#{i}"] }, bodies)
-    assert_operator took, :<, 3.5, "20 requests of 0.2 s took #{took} s: they did not overlap"
+    assert_operator server.most_answering, :>=, 5, "the server never held more than #{server.most_answering} " \
+                                                   "of the 20 requests at once: they did not overlap"
+    assert_operator took, :<, 30, "20 requests of 0.2 s took #{took} s"
   end
 
   def net_http_get(uri, ca_file)

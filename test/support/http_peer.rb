@@ -30,6 +30,8 @@ module EvtTest
       @lock = Mutex.new
       @requests = 0
       @connections = 0
+      @answering = 0 # requests read and not yet answered, now
+      @most_answering = 0 # and at most
       @threads = []
       @acceptor = Thread.new { accept_loop }
     end
@@ -39,6 +41,8 @@ module EvtTest
 
     def requests = @lock.synchronize { @requests }
     def connections = @lock.synchronize { @connections }
+    # The most requests the server held at once (read, not yet answered): how far clients overlapped.
+    def most_answering = @lock.synchronize { @most_answering }
 
     def close
       @acceptor.kill.join
@@ -95,11 +99,19 @@ module EvtTest
           length = Integer(line.split(":", 2).last) if line.downcase.start_with?("content-length:")
         end
         client.read(length) if length.positive?
-        @lock.synchronize { @requests += 1 }
-        sleep @delay if @delay.positive?
-        body = @body || request.split[1]
-        client.write("HTTP/1.1 200 OK\r\nContent-Length: #{body.bytesize}\r\n" \
-                     "Connection: #{@close ? "close" : "keep-alive"}\r\n\r\n#{body}")
+        @lock.synchronize do
+          @requests += 1
+          @answering += 1
+          @most_answering = [@most_answering, @answering].max
+        end
+        begin
+          sleep @delay if @delay.positive?
+          body = @body || request.split[1]
+          client.write("HTTP/1.1 200 OK\r\nContent-Length: #{body.bytesize}\r\n" \
+                       "Connection: #{@close ? "close" : "keep-alive"}\r\n\r\n#{body}")
+        ensure
+          @lock.synchronize { @answering -= 1 }
+        end
         next unless @close
 
         linger(client)
