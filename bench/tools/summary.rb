@@ -2,10 +2,11 @@
 
 # The README's summary of a bin/bench run: one Markdown table, a row per scenario (per app for
 # falcon and rails), made from the results file alone. Each row: the scenario's metric (lower is
-# better), the best C reference's figure (of those that served the row without errors), evt's best subject and its figure, the best peer's (async-epoll,
-# async-uring, carbon, uringmachine, threads: Bench::PEERS without the blocking and fibers reference
-# rows; none for blocking-ops and http-cpu, which compare evt with itself), evt's best over the best
-# peer's and over C's. For falcon and rails: evt's best falcon-evt-* row against the best of
+# better), the best C reference's figure (Bench.best_c), evt's default backend's and evt's best
+# subject's figures, the best peer's (async-epoll, async-uring, carbon, uringmachine, threads:
+# Bench::PEERS without the blocking and fibers reference rows; none for blocking-ops and http-cpu,
+# which compare evt with itself), the default's and the best's over the best peer's, and the best's
+# over C's. A row that hung or had errors takes no part. For falcon and rails: evt's best falcon-evt-* row against the best of
 # falcon-epoll and falcon-uring, per app. A line under the table names the file, Ruby, YJIT, date
 # and command, and links the full report (the .md beside the JSON, bench/tools/report.rb).
 #
