@@ -6,14 +6,18 @@ require "socket"
 require "tmpdir"
 
 module EvtTest
-  # Real servers for the client tests: redis-server, memcached, PostgreSQL and MariaDB from Debian (bin/setup
-  # installs them), each started once per test process on a free loopback port, in a temporary
+  # Real servers for the client tests: redis-server, memcached, PostgreSQL and MariaDB from Debian, and
+  # s3rver (an S3-like server) from npm (bin/setup installs them), each started once per test process on a free loopback port, in a temporary
   # directory, and stopped by PID when the process ends. Never a fixed port, never a system service.
   # Where a server is not installed, Servers.<name> skips the calling test, saying why.
   module Servers
     # Seconds a server may take to accept connections.
     START_TIMEOUT = 30
     POSTGRES_BIN = Dir["/usr/lib/postgresql/*/bin"].max_by { |dir| dir[%r{/(\d+)/bin\z}, 1].to_i }
+    # Where bin/setup installs s3rver (npm install into the cache), unless EVT_S3RVER names one.
+    S3RVER = ENV.fetch("EVT_S3RVER") do
+      File.join(ENV.fetch("XDG_CACHE_HOME", File.join(Dir.home, ".cache")), "evt", "s3rver", "node_modules", ".bin", "s3rver")
+    end
 
     # The servers are not under test: bin/test --asan's preloaded libasan stays out of them (initdb
     # hangs with it).
@@ -77,6 +81,16 @@ module EvtTest
           [["mariadbd", "--no-defaults", "--datadir=#{data}", "--port=#{port}", "--bind-address=127.0.0.1",
             "--socket=#{File.join(dir, "mariadb.sock")}", "--skip-grant-tables", "--skip-name-resolve",
             "--innodb-flush-log-at-trx-commit=0", "--max-connections=200", *(user ? ["--user=#{user}"] : [])]]
+        end
+      end
+
+      # @return [Server] s3rver on 127.0.0.1, path-style buckets, its data in a temporary directory;
+      #   it takes any well-formed signature of its fixed credentials (S3RVER / S3RVER).
+      def s3(test)
+        test.skip "node is not installed (bin/setup installs it, for s3rver)" unless installed?("node")
+        start(test, :s3, S3RVER) do |port, dir|
+          [[S3RVER, "--directory", File.join(dir, "data"), "--address", "127.0.0.1", "--port", port.to_s,
+            "--silent", "--no-vhost-buckets"]]
         end
       end
 
