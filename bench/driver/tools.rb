@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 module Bench
-  # The tools the scenarios measure with: wrk, strace, a redis-server, and checks that a server still
+  # The tools the scenarios measure with: wrk, perf and strace, a redis-server, and checks that a server still
   # answers. Mixed into Run.
   module Tools
     private
@@ -31,10 +31,48 @@ module Bench
     {requests: requests, rps: out[%r{Requests/sec:\s+([\d.]+)}, 1].to_f, p99_ms: p99&.round(2), errors: errors}
   end
 
-  # Calls per request, in all and by call ({name => calls per request}, the most made first), from
-  # strace -c attached to every thread of the warm server for a short separate load: it slows the
-  # server down, so no other figure comes from this run. [nil, nil] when strace cannot run.
+  # Calls per request, in all and by call ({name => calls per request}, the most made first), each
+  # from a short separate load on the warm server. The total is the kernel's count of the
+  # raw_syscalls:sys_enter tracepoint over every thread of the server (perf stat: the server runs at
+  # full speed), where perf can read it; else strace's. By call from strace -c, which slows the
+  # server down: with thousands of connections wrk then times out and reconnects, and strace's
+  # total would count the reconnections too. The third value says which tool gave the total.
+  # [nil, nil, nil] when neither can run.
   def syscalls_per_request(pid, url, connections, headers)
+    counted = perf_syscalls_per_request(pid, url, connections, headers)
+    total, by_call = strace_syscalls_per_request(pid, url, connections, headers)
+    return [counted, by_call, "perf"] if counted
+
+    [total, by_call, total && "strace"]
+  end
+
+  PERF_EVENT = "raw_syscalls:sys_enter"
+
+  # perf stat's count of system calls per request, or nil where perf cannot count the tracepoint
+  # (no perf, no tracefs mounted, perf_event_paranoid).
+  def perf_syscalls_per_request(pid, url, connections, headers)
+    if @perf_counts.nil?
+      @perf_counts = system("perf", "stat", "-e", PERF_EVENT, "-x,", "--", "true", out: File::NULL, err: File::NULL)
+      note "syscalls/req counted by strace: perf cannot count #{PERF_EVENT} here (is tracefs mounted?)" unless @perf_counts
+    end
+    return nil unless @perf_counts
+
+    log = File.join(ROOT, "tmp/bench/perf.#{pid}")
+    perf = Process.spawn("perf", "stat", "-e", PERF_EVENT, "-x,", "-o", log, "-p", pid.to_s, out: File::NULL, err: File::NULL)
+    sleep 0.3 # attached
+    report = wrk(url, connections, @size[:strace], headers)
+    Process.kill(:INT, perf)
+    Process.wait(perf)
+    count = File.read(log)[/^(\d+),[^,\n]*,#{PERF_EVENT}/o, 1]
+    count && (count.to_f / report[:requests]).round(2)
+  rescue Failure, SystemCallError
+    nil
+  ensure
+    File.delete(log) if log && File.exist?(log)
+  end
+
+  # strace -c attached to every thread of the server: [calls per request, by call], or [nil, nil].
+  def strace_syscalls_per_request(pid, url, connections, headers)
     tasks = Dir.children("/proc/#{pid}/task").flat_map { |tid| ["-p", tid] }
     log = File.join(ROOT, "tmp/bench/strace.#{pid}")
     strace = Process.spawn("strace", "-c", "-f", "-qq", "-o", log, *tasks, err: File::NULL)

@@ -3,7 +3,9 @@
 module Bench
   scenario "http-keepalive",
            metric: :cpu_us_per_req,
-           note: "(syscalls/req: a separate 1-2 s run under strace -c -f, which slows the server down)"
+           note: "(syscalls/req: the kernel's count over a separate 1-2 s run (perf stat of raw_syscalls:sys_enter), " \
+                 "else strace -c -f's, which slows the server down; syscalls_counted_by in the JSON says which; " \
+                 "the calls by name: another such run under strace)"
   scenario "http-close", metric: :cpu_us_per_req
   scenario "http-redis",
            metric: :cpu_us_per_req,
@@ -46,7 +48,8 @@ module Bench
       used = cpu_seconds(server[:pid]) - before
       figures = {rps: report[:rps].round(0), cpu_us_per_req: (used * 1e6 / report[:requests]).round(2),
                  p99_ms: report[:p99_ms], errors: report[:errors], connections: connections}
-      figures[:syscalls_per_req], figures[:syscalls_by_call] = syscalls_per_request(server[:pid], url, connections, headers)
+      figures[:syscalls_per_req], figures[:syscalls_by_call], figures[:syscalls_counted_by] =
+        syscalls_per_request(server[:pid], url, connections, headers)
       figures
     ensure
       stop(server)
