@@ -51,7 +51,8 @@ module Bench
     command = [*(pinned ? pin(0) : []), *ruby_for(subject), "bench/scenarios/programs/#{name}", subject, *arguments.map(&:to_s)]
     out, err, status = Open3.popen3(bench_env, *command, chdir: ROOT, pgroup: true) do |stdin, stdout, stderr, waiter|
       stdin.close
-      readers = [stdout, stderr].map { |io| Thread.new { io.read } }
+      # Quiet: a row that times out closes the pipes under them as it raises.
+      readers = [stdout, stderr].map { |io| Thread.new { Thread.current.report_on_exception = false; io.read } }
       unless waiter.join(limit)
         Process.kill(:KILL, -waiter.pid)
         waiter.join
