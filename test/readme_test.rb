@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "test_helper"
+require "json"
 require "open3"
 require "rbconfig"
 
@@ -127,6 +128,33 @@ class ReadmeTest < Minitest::Test
       end
     end
     assert_empty missing, missing.join("\n")
+  end
+
+  # A result file the docs cite records where it came from: its JSON (or, with no JSON, its report)
+  # names the commit and the command. The README's summaries come from a clean tree and three runs
+  # or more.
+  def test_cited_results_record_their_commit_and_command
+    cited = doc_files.flat_map { |file| File.read(file).scan(%r{bench/results/([\w.-]+)\.(?:md|json|svg)}).flatten }.uniq
+    assert_operator cited.size, :>=, 3
+    unknown = cited.filter_map do |name|
+      json = File.join(ROOT, "bench/results/#{name}.json")
+      if File.exist?(json)
+        record = JSON.parse(File.read(json))
+        "#{name}.json records no commit or command" unless record.dig("git", "commit") && record["command"]
+      else
+        report = File.read(File.join(ROOT, "bench/results/#{name}.md"))
+        "#{name}.md names no commit or command" unless report.match?(/^\| commit \|/) && report.match?(/^\| command \|/)
+      end
+    end
+    assert_empty unknown, unknown.join("\n")
+
+    summaries = File.read(File.join(ROOT, "README.md")).scan(/<!-- bench-summary: (\S+) -->/).flatten
+    refute_empty summaries
+    summaries.each do |path|
+      record = JSON.parse(File.read(File.join(ROOT, path)))
+      assert_equal false, record.dig("git", "dirty"), "#{path}: the README's summaries come from a clean tree"
+      assert_match(/--repeat ([3-9]|\d\d)/, record["command"].to_s, "#{path}: the README's summaries are medians of 3 runs or more")
+    end
   end
 
   # Where the docs list backends (three or more names on a line, no platform named within two lines),
