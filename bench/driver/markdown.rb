@@ -89,7 +89,8 @@ module Bench
       return NOT_RECORDED unless git
 
       state = case git[:dirty]
-              when true then "with changes the commit does not hold (the tree was dirty)"
+              when true
+                "with changes the commit does not hold (the tree was dirty#{": #{git[:changes].join(", ")}" if git[:changes]&.any?})"
               when false then "clean tree"
               else "whether the tree was dirty: #{NOT_RECORDED}"
               end

@@ -45,14 +45,17 @@ module Bench
     nil
   end
 
-  # {commit:, dirty:} at the run's start: the short commit, and whether the tree had changes (files
-  # changed or not yet added) the commit does not hold; nil outside a git checkout.
+  # {commit:, dirty:, changes:} at the run's start: the short commit, whether the tree had changes
+  # (files changed or not yet added) the commit does not hold, and their paths; nil outside a git
+  # checkout.
   def git_state
     commit, status = Open3.capture2("git", "-C", ROOT, "rev-parse", "--short", "HEAD", err: File::NULL)
     return nil unless status.success?
 
     changes, status = Open3.capture2("git", "-C", ROOT, "status", "--porcelain", err: File::NULL)
-    {commit: commit.strip, dirty: status.success? ? !changes.empty? : nil}
+    return {commit: commit.strip, dirty: nil} unless status.success?
+
+    {commit: commit.strip, dirty: !changes.empty?, changes: changes.lines.map { |line| line[3..].strip }}
   rescue SystemCallError
     nil
   end
