@@ -43,8 +43,8 @@ class ClientS3Test < Minitest::Test
   end
 
   # s3rver takes its fixed credentials; retries off, so that a failure shows as it is.
-  def client(in_flight = nil, **options)
-    client = Aws::S3::Client.new(endpoint: "http://127.0.0.1:#{@server.port}", region: "us-east-1",
+  def client(in_flight = nil, port: @server.port, **options)
+    client = Aws::S3::Client.new(endpoint: "http://127.0.0.1:#{port}", region: "us-east-1",
                                  access_key_id: "S3RVER", secret_access_key: "S3RVER", force_path_style: true,
                                  retry_limit: 0, **options)
     # Closest to the send step: around the request on the wire, its response read whole.
@@ -115,9 +115,7 @@ class ClientS3Test < Minitest::Test
     other = nil
     took = elapsed do
       evt do
-        stuck = Aws::S3::Client.new(endpoint: "http://127.0.0.1:#{silent.local_address.ip_port}", region: "us-east-1",
-                                    access_key_id: "S3RVER", secret_access_key: "S3RVER", force_path_style: true,
-                                    retry_limit: 0, http_read_timeout: 30)
+        stuck = client(port: silent.local_address.ip_port, http_read_timeout: 30)
         Fiber.schedule do
           Timeout.timeout(0.3) { stuck.get_object(bucket: BUCKET, key: "never") }
         rescue Timeout::Error => e

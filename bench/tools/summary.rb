@@ -6,9 +6,10 @@
 # subject's figures, the best peer's (async-epoll, async-uring, carbon, uringmachine, threads:
 # Bench::PEERS without the blocking and fibers reference rows; none for blocking-ops and http-cpu,
 # which compare evt with itself), the default's and the best's over the best peer's, and the best's
-# over C's. A row that hung or had errors takes no part. For falcon and rails: evt's best falcon-evt-* row against the best of
-# falcon-epoll and falcon-uring, per app. A line under the table names the file, Ruby, YJIT, date
-# and command, and links the full report (the .md beside the JSON, bench/tools/report.rb).
+# over C's. A row that hung or had errors takes no part. For falcon and rails: evt's best
+# falcon-evt-* row against the best of falcon-epoll and falcon-uring, per app. A line under the
+# table names the file, Ruby, YJIT, date and command, and links the full report (the .md beside the
+# JSON, bench/tools/report.rb).
 #
 #   ruby bench/tools/summary.rb FILE.json                    the table, on stdout
 #   ruby bench/tools/summary.rb [FILE.json] --readme README.md

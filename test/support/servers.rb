@@ -7,8 +7,9 @@ require "tmpdir"
 
 module EvtTest
   # Real servers for the client tests: redis-server, memcached, PostgreSQL and MariaDB from Debian, and
-  # s3rver (an S3-like server) from npm (bin/setup installs them), each started once per test process on a free loopback port, in a temporary
-  # directory, and stopped by PID when the process ends. Never a fixed port, never a system service.
+  # s3rver (an S3-like server) from npm (bin/setup installs them), each started once per test
+  # process on a free loopback port, in a temporary directory, and stopped by PID when the process
+  # ends. Never a fixed port, never a system service.
   # Where a server is not installed, Servers.<name> skips the calling test, saying why.
   module Servers
     # Seconds a server may take to accept connections.
