@@ -163,6 +163,19 @@ class ReadmeTest < Minitest::Test
     end
   end
 
+  # docs/deploying.md's claims about the code: the order of the Linux backends (evt.c's table, the
+  # order availables keeps) and the size of io_uring's completion queue (backend_uring.c).
+  def test_deploying_states_the_backend_order_and_the_ring_size
+    deploying = File.read(File.join(ROOT, "docs/deploying.md")).gsub(/\s+/, " ")
+    stated = deploying[/the order of `availables` on Linux stays ([\w, ]+):/, 1]
+    refute_nil stated, "docs/deploying.md no longer states the order of the backends"
+    table = File.read(File.join(ROOT, "ext/evt/evt.c"))[/evt_backends\[\] = \{(.*?)\};/m, 1]
+    order = table.scan(/&evt_backend_(\w+)/).flatten.uniq.map { |name| name == "uring" ? "io_uring" : name } - ["kqueue"]
+    assert_equal order, stated.split(", ").map(&:strip)
+    entries = File.read(File.join(ROOT, "ext/evt/backend_uring.c"))[/^#define COMPLETION_ENTRIES (\d+)/, 1]
+    assert_includes deploying, "completion queue (#{Integer(entries).to_s.reverse.scan(/\d{1,3}/).join(",").reverse} entries"
+  end
+
   # Where the docs list backends (three or more names on a line, no platform named within two lines),
   # they list every one the code has (ext/evt/backend_*.c).
   def test_backend_lists_are_whole
