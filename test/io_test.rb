@@ -54,6 +54,32 @@ class IOTest < Minitest::Test
     assert writable, "the writer waiting on the same socket was not woken"
   end
 
+  # Ruby's own read path under a scheduler without transfer hooks (3.3 to 4.0) raises
+  # IO::TimeoutError here: fiber A's read runs out its IO#timeout and leaves errno at ETIMEDOUT; B's
+  # read of another pipe, woken later without a system call of Ruby's between, succeeds, and Ruby
+  # takes the stale errno for its own (docs/behaviour.md, "A read after another fiber's IO#timeout").
+  # evt's transfer hooks, on both loops, read and write themselves.
+  def test_a_read_after_another_fibers_io_timeout_returns_its_data
+    outcomes = []
+    evt do
+      a, = IO.pipe
+      b, b_writer = IO.pipe
+      a.timeout = 0.01
+      Fiber.schedule do
+        a.read(1)
+      rescue IO::TimeoutError
+        outcomes << :a_timed_out
+      end
+      Thread.new { sleep 0.05; b_writer.write("x") } # another thread: this one's errno is left as A left it
+      Fiber.schedule do
+        outcomes << b.read(1)
+      rescue IO::TimeoutError => e
+        outcomes << e
+      end
+    end
+    assert_equal [:a_timed_out, "x"], outcomes
+  end
+
   # Data already there is read at once, as a thread reads it: the fiber goes on without letting the
   # others run first (on io_uring such a read went through the ring: a fiber switch and a turn of
   # the loop for every read), on a pipe and on a socket.
