@@ -5,7 +5,7 @@ module Bench
            note: "(requests: served, by the server's count; errors: wrk's socket errors and non-2xx, every check the " \
                  "server makes that failed (message content and order, sleeps or timeouts ending early, Timeout not " \
                  "firing, waiters a close did not end with IOError, any other exception, a fiber stalled " \
-                 "#{Soak::STALL_LIMIT.to_i} s) and each activity that made no progress in a row; RSS, fds and CPU from /proc " \
+                 "#{Soak::STALL_LIMIT.to_i} s) and each activity that made no progress in a row; RSS, fds and CPU from /proc and objs k (Ruby objects alive, thousands) from GC.stat " \
                  "at the end of each row, with the HTTP connections ended, the fibers that open and close pipes " \
                  "parked where they hold the same ones (so flat means the same count at every row), and " \
                  "Process.warmup run (full GC, compaction, malloc_trim: RSS is what stays, not garbage or memory " \
@@ -28,7 +28,7 @@ module Bench
                      closes: "closes"}.freeze
   # soak's rows: [key, title, width, format].
   SOAK_COLUMNS = [[:t_s, "t s", 5, "%d"], [:requests, "requests", 9, "%d"], [:errors, "errors", 7, "%d"],
-                  [:rss_mb, "RSS MB", 7, "%.1f"], [:fds, "fds", 5, "%d"], [:cpu_pct, "CPU %", 6, "%.1f"],
+                  [:rss_mb, "RSS MB", 7, "%.1f"], [:objects_k, "objs k", 7, "%.1f"], [:fds, "fds", 5, "%d"], [:cpu_pct, "CPU %", 6, "%.1f"],
                   [:pipes, "pipes", 8, "%d"], [:sleeps, "sleeps", 8, "%d"], [:timeouts, "timeouts", 9, "%d"],
                   [:queued, "queued", 8, "%d"], [:closes, "closes", 7, "%d"], [:late_ms, "late ms", 8, "%.1f"]].freeze
 
@@ -145,6 +145,7 @@ module Bench
      server_errors: server_errors, stalled: stalled, wrk_requests: loads.sum { |load| load[:requests] },
      timeouts_fired: count.call(:timeouts_fired), woken: count.call(:woken), late_ms: after[:counters][:late_ms],
      p99_ms: loads.map { |load| load[:p99_ms] }, rss_mb: after[:rss_mb].round(1), fds: after[:fds],
+     objects_k: after[:counters][:live_objects].to_i / 1000.0,
      cpu_pct: ((after[:cpu] - before[:cpu]) * 100 / (after[:at] - before[:at])).round(1)}
   end
 

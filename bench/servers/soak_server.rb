@@ -413,7 +413,10 @@ module Bench
       # memory malloc holds free. Process.warmup is a full GC, a compaction (which moves the objects
       # evt's C holds: a test of its own), and malloc_trim.
       Process.warmup
-      figures = @counts.merge(connections: @connections, late_ms: (@late * 1e3).round(2), samples: @samples)
+      # Ruby's objects alive after that full GC: growing while RSS grows is objects kept (by the
+      # program or by evt); RSS growing alone is memory outside Ruby's heap.
+      figures = @counts.merge(connections: @connections, late_ms: (@late * 1e3).round(2), samples: @samples,
+                              live_objects: GC.stat(:heap_live_slots))
       @late = 0.0
       figures
     end

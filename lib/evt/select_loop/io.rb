@@ -7,6 +7,9 @@ module Evt
     # needed), and *_single, Ruby 4.1's (one transfer, or -EAGAIN); io_read and friends are this
     # Ruby's. io_pread and io_pwrite only from Ruby 4.0: 3.3 and 3.4 call io_pwrite without the GVL,
     # where no Ruby code may run (they are on files, which never wait: Ruby does them itself there).
+    # Ruby would read and write without these hooks, as under its reference scheduler, but its own
+    # path then raises a stray IO::TimeoutError and blocks the thread on a descriptor in blocking
+    # mode (docs/behaviour.md, "A read after another fiber's IO#timeout").
 
     # -EAGAIN, as the transfer hooks return it: not ready.
     # @api private
