@@ -53,6 +53,10 @@ module Bench
     def header
       rows = [["machine", machine], ["Ruby", ruby], ["date", date], ["command", code_or_not(@document[:command])],
               ["commit", commit], ["duration", duration], ["connections", connections], ["sizes", sizes]]
+      environment = @document[:environment]
+      if environment
+        rows << ["environment", environment.empty? ? "no RUBY_*, RUBYOPT or EVT_* variable set" : environment.map { |name, value| "#{name}=#{value}" }.join(" ")]
+      end
       emulated = @document[:emulated] || {}
       emulated.each do |subject, emulation|
         rows << ["emulated", "#{subject}: #{emulation}, not a figure of the kernel's own mechanism"]

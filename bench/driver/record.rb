@@ -13,7 +13,7 @@ module Bench
   # field that cannot be read is nil.
   def provenance
     {command: command_line, started_at: iso8601(@started_at), finished_at: iso8601(Time.now.utc),
-     machine: machine, git: @git, scenarios: scenario_records, emulated: @emulated || {}}
+     machine: machine, git: @git, environment: environment, scenarios: scenario_records, emulated: @emulated || {}}
   rescue StandardError => e
     note "bin/bench: the run's command, machine and scenarios are not recorded: #{e.class}: #{e.message}"
     {}
@@ -26,6 +26,14 @@ module Bench
     return given if given && ENV.fetch("EVT_BENCH_PID", nil) == Process.pid.to_s
 
     ["ruby", relative(File.expand_path("../bench.rb", __dir__)), *@argv].shelljoin
+  end
+
+  # The environment variables that change how Ruby or evt runs in every subject (RUBY_*, RUBYOPT,
+  # EVT_*), as set for the run: a figure made with RUBY_GC_HEAP_0_INIT_SLOTS is not one made
+  # without. bin/bench's own (EVT_BENCH_*) are left out.
+  def environment
+    ENV.to_h.select { |name, _| (name.start_with?("RUBY_", "EVT_") || name == "RUBYOPT") && !name.start_with?("EVT_BENCH_") }
+       .sort.to_h
   end
 
   def iso8601(time)
