@@ -61,16 +61,20 @@ class IOTest < Minitest::Test
   # evt's transfer hooks, on both loops, read and write themselves.
   def test_a_read_after_another_fibers_io_timeout_returns_its_data
     outcomes = []
+    pipes = [IO.pipe, IO.pipe]
+    (a, _), (b, b_writer) = pipes
+    a_ended = Thread::Queue.new
+    # Another thread writes B's byte once A has timed out: this thread's errno is left as A left it.
+    writer = Thread.new { a_ended.pop && b_writer.write("x") }
     evt do
-      a, = IO.pipe
-      b, b_writer = IO.pipe
       a.timeout = 0.01
       Fiber.schedule do
         a.read(1)
       rescue IO::TimeoutError
         outcomes << :a_timed_out
+      ensure
+        a_ended << true
       end
-      Thread.new { sleep 0.05; b_writer.write("x") } # another thread: this one's errno is left as A left it
       Fiber.schedule do
         outcomes << b.read(1)
       rescue IO::TimeoutError => e
@@ -78,6 +82,9 @@ class IOTest < Minitest::Test
       end
     end
     assert_equal [:a_timed_out, "x"], outcomes
+  ensure
+    writer&.join
+    pipes&.flatten&.each(&:close)
   end
 
   # Data already there is read at once, as a thread reads it: the fiber goes on without letting the
