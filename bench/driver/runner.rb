@@ -136,6 +136,16 @@ module Bench
     File.read("/proc/#{pid}/status")[/^VmRSS:\s+(\d+) kB/, 1].to_i / 1024.0
   end
 
+  # The part of a process's RSS that it gave back with madvise(MADV_FREE): pages Linux leaves mapped
+  # and counts in RSS until it needs memory, then takes without writing them anywhere. Ruby frees
+  # the stacks of ended fibers this way, so after a peak of live fibers RSS keeps that peak's
+  # stacks. 0 where smaps_rollup (Linux 4.14) or its LazyFree line (4.12) is missing.
+  def proc_lazy_free_mb(pid)
+    File.read("/proc/#{pid}/smaps_rollup")[/^LazyFree:\s+(\d+) kB/, 1].to_i / 1024.0
+  rescue Errno::ENOENT, Errno::EACCES
+    0.0
+  end
+
   def cpu_seconds(pid)
     fields = File.read("/proc/#{pid}/stat").split(") ").last.split
     (Integer(fields[11]) + Integer(fields[12])).fdiv(HZ)
