@@ -146,6 +146,13 @@ module Bench
     0.0
   end
 
+  # [steal, all] ticks so far of CPU +cpu+ (nil: every CPU) from /proc/stat: steal is the time the
+  # hypervisor ran something else while this machine had work for the CPU.
+  def cpu_steal_ticks(cpu)
+    fields = File.read("/proc/stat")[/^cpu#{cpu} (.*)$/, 1].split.map { |field| Integer(field) }
+    [fields[7] || 0, fields.first(8).sum]
+  end
+
   def cpu_seconds(pid)
     fields = File.read("/proc/#{pid}/stat").split(") ").last.split
     (Integer(fields[11]) + Integer(fields[12])).fdiv(HZ)

@@ -5,7 +5,7 @@ module Bench
            note: "(requests: served, by the server's count; errors: wrk's socket errors and non-2xx, every check the " \
                  "server makes that failed (message content and order, sleeps or timeouts ending early, Timeout not " \
                  "firing, waiters a close did not end with IOError, any other exception, a fiber stalled " \
-                 "#{Soak::STALL_LIMIT.to_i} s) and each activity that made no progress in a row; RSS, fds and CPU from /proc; lazy MB: the part of RSS given back with MADV_FREE (LazyFree in /proc/PID/smaps_rollup), which Linux takes back when it needs memory: Ruby frees the stacks of ended fibers so, and RSS keeps the stacks of the most fibers ever alive at once; held MB: RSS less lazy MB; objs k (Ruby objects alive, thousands) from GC.stat " \
+                 "#{Soak::STALL_LIMIT.to_i} s) and each activity that made no progress in a row; RSS, fds and CPU from /proc; lazy MB: the part of RSS given back with MADV_FREE (LazyFree in /proc/PID/smaps_rollup), which Linux takes back when it needs memory: Ruby frees the stacks of ended fibers so, and RSS keeps the stacks of the most fibers ever alive at once; held MB: RSS less lazy MB; steal %: of the server's CPU's time in the row, the share the hypervisor gave to others while this machine had work for it (/proc/stat): the server cannot serve then, so req/s and p99 move with it; objs k (Ruby objects alive, thousands) from GC.stat " \
                  "at the end of each row, with the HTTP connections ended, the fibers that open and close pipes " \
                  "parked where they hold the same ones (so flat means the same count at every row), and " \
                  "Process.warmup run (full GC, compaction, malloc_trim: RSS is what stays, not garbage or memory " \
@@ -33,7 +33,7 @@ module Bench
   # soak's rows: [key, title, width, format].
   SOAK_COLUMNS = [[:t_s, "t s", 5, "%d"], [:requests, "requests", 9, "%d"], [:errors, "errors", 7, "%d"],
                   [:rss_mb, "RSS MB", 7, "%.1f"], [:lazy_mb, "lazy MB", 8, "%.1f"],
-                  [:held_mb, "held MB", 8, "%.1f"], [:objects_k, "objs k", 7, "%.1f"], [:fds, "fds", 5, "%d"], [:cpu_pct, "CPU %", 6, "%.1f"],
+                  [:held_mb, "held MB", 8, "%.1f"], [:objects_k, "objs k", 7, "%.1f"], [:fds, "fds", 5, "%d"], [:cpu_pct, "CPU %", 6, "%.1f"], [:steal_pct, "steal %", 8, "%.1f"],
                   [:pipes, "pipes", 8, "%d"], [:sleeps, "sleeps", 8, "%d"], [:timeouts, "timeouts", 9, "%d"],
                   [:queued, "queued", 8, "%d"], [:closes, "closes", 7, "%d"], [:late_ms, "late ms", 8, "%.1f"]].freeze
 
@@ -130,7 +130,7 @@ module Bench
 
     pid = server[:pid]
     sample = {counters: counters, rss_mb: proc_rss_mb(pid), lazy_mb: proc_lazy_free_mb(pid), fds: Dir.children("/proc/#{pid}/fd").size,
-              cpu: cpu_seconds(pid), at: clock}
+              cpu: cpu_seconds(pid), steal: cpu_steal_ticks(@cores >= 2 ? 0 : nil), at: clock}
     io.puts "resume"
     io.flush
     sample
@@ -152,7 +152,8 @@ module Bench
      p99_ms: loads.map { |load| load[:p99_ms] }, rss_mb: after[:rss_mb].round(1), lazy_mb: after[:lazy_mb].round(1),
      held_mb: (after[:rss_mb] - after[:lazy_mb]).round(1), fds: after[:fds],
      objects_k: after[:counters][:live_objects].to_i / 1000.0,
-     cpu_pct: ((after[:cpu] - before[:cpu]) * 100 / (after[:at] - before[:at])).round(1)}
+     cpu_pct: ((after[:cpu] - before[:cpu]) * 100 / (after[:at] - before[:at])).round(1),
+     steal_pct: ((after[:steal][0] - before[:steal][0]) * 100.0 / [after[:steal][1] - before[:steal][1], 1].max).round(1)}
   end
 
   def soak_header
@@ -190,6 +191,22 @@ module Bench
   # The warm-up's length in seconds for a run of `seconds`.
   def soak_warmup(seconds) = seconds >= 1800 ? SOAK_WARMUP_LONG : seconds / 5.0
 
+  # Held memory's growth over the rows after the warm-up, in % of its mean: the least-squares
+  # line's rise from the first of those rows to the last. A row's own figure moves by about a MB
+  # with what malloc holds at that moment; the line shows whether memory grows, the target being
+  # still every row's figure.
+  def soak_trend(rows)
+    xs = rows.map { |row| row[:t_s].to_f }
+    ys = rows.map { |row| soak_held_mb(row).to_f }
+    mx = xs.sum / xs.size
+    my = ys.sum / ys.size
+    spread = xs.sum { |x| (x - mx)**2 }
+    return 0.0 if spread.zero? || my.zero?
+
+    slope = xs.zip(ys).sum { |x, y| (x - mx) * (y - my) } / spread
+    (slope * (xs.last - xs.first) * 100 / my).round(1)
+  end
+
   # The targets: no error at any row; after the warm-up, every row's RSS and descriptors within
   # SOAK_RSS_PERCENT of the first row after it, and its req/s and keep-alive p99 within
   # SOAK_SPEED_PERCENT (the warm-up's rows are reported apart). Each figure's worst row is named.
@@ -211,6 +228,7 @@ module Bench
     changes = {**worst.call(:held, method(:soak_held_mb)), **worst.call(:rss, ->(row) { row[:rss_mb] }), **worst.call(:fds),
                **worst.call(:rps, rps), **worst.call(:p99, p99)}
     limits = {held: SOAK_RSS_PERCENT, fds: SOAK_RSS_PERCENT, rps: SOAK_SPEED_PERCENT, p99: SOAK_SPEED_PERCENT}
+    trend = soak_trend(after)
     failed = []
     failed << figures[:error] if figures[:error]
     failed << "errors" unless errors.zero?
@@ -219,9 +237,10 @@ module Bench
                   errors, warmup, warm.size, soak_held_mb(warm.first), soak_held_mb(warm.last), warm.first[:rss_mb],
                   warm.last[:rss_mb], base[:t_s]) +
            limits.map { |key, limit| format("%s %+.1f %% at worst (at %d s; target within %.0f %%)", key, changes[key], changes[:"#{key}_at"], limit) }
-                 .join(", ") + format(" (RSS %+.1f %% at worst, at %d s, LazyFree included)", changes[:rss], changes[:rss_at])
+                 .join(", ") + format(" (RSS %+.1f %% at worst, at %d s, LazyFree included; held memory's line through the " \
+                                      "rows after the warm-up: %+.1f %% over them)", changes[:rss], changes[:rss_at], trend)
     {errors: errors, warmup_s: warmup, warmup_rows: warm.size, changes: changes, pass: failed.empty?,
-     held_change_percent: changes[:held], rss_change_percent: changes[:rss], fds_first: base[:fds], fds_last: rows.last[:fds],
+     held_change_percent: changes[:held], held_trend_percent: trend, rss_change_percent: changes[:rss], fds_first: base[:fds], fds_last: rows.last[:fds],
      verdict: failed.empty? ? "PASS: #{text}" : "FAIL (#{failed.join(", ")}): #{text}"}
   end
 
