@@ -39,14 +39,16 @@ require_relative "scenarios/http"
 require_relative "scenarios/processes"
 require_relative "scenarios/falcon"
 require_relative "scenarios/soak"
+require_relative "scenarios/insight"
 require_relative "scenarios/rails"
 
 module Bench
   ROOT = File.expand_path("..", __dir__)
   SCENARIOS = %w[http-keepalive http-close http-redis pipe-pingpong big-reads thread-server thread-clients write-pieces
                  timers sleep-fanout fiber-memory idle-connections close-waiters blocking-ops http-cpu falcon rails].freeze
-  # Scenarios that run only when --only names them: soak takes 10 minutes per backend.
-  ON_REQUEST = %w[soak].freeze
+  # Scenarios that run only when --only names them: soak takes 10 minutes per backend, insight-cost
+  # measures evt against itself.
+  ON_REQUEST = %w[soak insight-cost].freeze
   (SCENARIOS - METRICS.keys).then { |none| raise "bench: no metric declared for #{none.join(", ")}" unless none.empty? }
   (SCENARIOS - Chart::METRICS.keys).then { |none| raise "bench: no chart panel for #{none.join(", ")}" unless none.empty? }
   # Scenarios about evt's use of every core, with subjects of their own (evt configured two ways).
@@ -72,10 +74,12 @@ module Bench
   SIZES = {
     full: {duration: 5, warmup: 1, strace: 2, pairs: 50, messages: 10_000, fibers: 100_000, idle: 10_000,
            waiters: [10, 100, 1000, 8000], deflates: 16, deflate_mib: 8, repeats: 3, soak: 600, rounds: 50,
-           big_clients: 20, big_rounds: 20, beside_clients: 10, beside_rounds: 200, sleep_scale: 5},
+           big_clients: 20, big_rounds: 20, beside_clients: 10, beside_rounds: 200, sleep_scale: 5,
+           insight_rounds: INSIGHT_ROUNDS[:full]},
     quick: {duration: 1, warmup: 1, strace: 1, pairs: 10, messages: 2_000, fibers: 10_000, idle: 1_000,
             waiters: [10, 100, 1000], deflates: 4, deflate_mib: 2, repeats: 1, soak: 30, rounds: 20,
-            big_clients: 5, big_rounds: 5, beside_clients: 5, beside_rounds: 5, sleep_scale: 1},
+            big_clients: 5, big_rounds: 5, beside_clients: 5, beside_rounds: 5, sleep_scale: 1,
+            insight_rounds: INSIGHT_ROUNDS[:quick]},
   }.freeze
 
   # A measurement that failed; +details+ go into its row (a server's stderr, say).
@@ -98,6 +102,7 @@ module Bench
     include ProcessScenarios
     include FalconScenario
     include SoakScenario
+    include InsightScenario
     include RailsScenario
 
     def initialize(argv)
@@ -136,7 +141,7 @@ module Bench
           note "  -- #{scenario == "rails" ? RailsScenario::APPS.fetch(app)[1] : FALCON_APPS.fetch(app)}" if app
           @results.concat(measure_rounds(scenario, own, app))
         end
-        add_ratios(scenario) unless scenario == "soak"
+        add_ratios(scenario) unless ON_REQUEST.include?(scenario)
         print_table(scenario)
       end
       written = write_outputs
@@ -156,7 +161,8 @@ module Bench
         o.on("--only SCENARIO[,..]", Array, "scenarios: #{SCENARIOS.join(", ")} (all of them by default);",
              "falcon: Falcon and Itsi serving a Rack app (hello; sleep 1 ms) on io-event's selectors and evt's;",
              "rails: a Rails app (a 50 ms query; an instant answer) under Puma, and Falcon on io-event's and evt's;",
-             "soak runs only when named here: mixed load for 10 minutes on each C backend (30 s with --quick)") do |list|
+             "soak runs only when named here: mixed load for 10 minutes on each C backend (30 s with --quick);",
+             "so does insight-cost: what stall reports and a stats reader cost per request, in pairs") do |list|
           unknown = list - SCENARIOS - ON_REQUEST
           raise OptionParser::InvalidArgument, "unknown scenario #{unknown.join(", ")}" unless unknown.empty?
 
@@ -228,6 +234,7 @@ module Bench
     # The core scenarios' own subjects (those --subjects names, if it names any of them).
     def subjects_for(scenario, subjects)
       return soak_subjects if scenario == "soak"
+      return insight_subjects if scenario == "insight-cost"
       return falcon_subjects if scenario == "falcon"
       return rails_subjects if scenario == "rails"
 
@@ -322,6 +329,7 @@ module Bench
         next failed.merge(failed_runs: each_run.count { |row| row[:error] }) if failed
 
         median = each_run.sort_by { |row| row[key] }[each_run.size / 2]
+        median = median.merge(insight_medians(each_run)) if scenario == "insight-cost"
         median.merge(repeat_runs: each_run.map { |row| row[key] })
       end
     end
@@ -353,6 +361,7 @@ module Bench
                   when "http-cpu" then http_cpu(subject)
                   when "falcon" then falcon(subject, app)
                   when "rails" then rails(subject, app)
+                  when "insight-cost" then insight_cost(subject)
                   end
         row.merge(figures)
       end

@@ -57,6 +57,8 @@ module Bench
     return FALCON_COLUMNS if scenario == "falcon"
     return RailsScenario::COLUMNS if scenario == "rails"
 
+    return INSIGHT_COLUMNS if scenario == "insight-cost"
+
     columns = if scenario == "http-cpu"
                 [[:rps, "req/s", "%.0f"], [:cpu_us_per_req, "CPU us/req", "%.2f"], [:p99_ms, "p99 ms", "%.2f"],
                  [:errors, "errors", "%d"], [:rss_mb, "RSS MB", "%.1f"], [:rps_vs_first, "req/s x 1st", "%.2f"]]
@@ -210,6 +212,9 @@ module Bench
     when "close-waiters" then "N = #{@size[:waiters].join(", ")} readers blocked on N pipes, every read end closed"
     when "blocking-ops" then "#{@size[:deflates]} fibers each deflating #{@size[:deflate_mib]} MiB with Zlib"
     when "http-cpu" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive, 0.5 ms of Ruby per request"
+    when "insight-cost"
+      "wrk -t1 -c#{@connections} -d#{INSIGHT_TURN}s per turn, #{@size[:insight_rounds]} rounds per load, " \
+        "keep-alive then Connection: close"
     when "falcon" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s --timeout #{FALCON_PROBE}s, keep-alive"
     when "rails" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s --timeout #{RailsScenario::TIMEOUT}s, keep-alive"
     when "soak"
@@ -223,7 +228,8 @@ module Bench
     end
   end
 
-  # The JSON holds every scenario; the chart every one but soak, whose rows over time are no bar.
+  # The JSON holds every scenario; the chart every one but those run on request (soak's rows over
+  # time are no bar, insight-cost's costs no figure of a subject against others).
   # A run with nothing to chart leaves the chart file as it was. Returns the files written.
   def write_outputs
     document = {ruby: RUBY_VERSION, yjit: @options[:yjit], cores: @cores, date: Time.now.utc.strftime("%Y-%m-%d"),
@@ -234,7 +240,7 @@ module Bench
     document[:soak_duration_s] = @size[:soak] if @options[:only].include?("soak")
     [@options[:json], @options[:svg]].each { |f| Dir.mkdir(File.dirname(f)) unless Dir.exist?(File.dirname(f)) }
     File.write(@options[:json], "#{JSON.pretty_generate(document)}\n")
-    charted = @results.reject { |r| r[:scenario] == "soak" }
+    charted = @results.reject { |r| ON_REQUEST.include?(r[:scenario]) }
     File.write(@options[:svg], Chart.new(document.merge(results: charted)).to_svg) unless charted.empty?
     chart = @options[:svg] unless charted.empty?
     [@options[:json], *chart, *write_report(chart)]
