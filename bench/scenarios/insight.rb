@@ -3,18 +3,19 @@
 module Bench
   scenario "insight-cost",
            metric: :stall_keepalive_pct,
-           note: "(per C backend, three servers at once: evt-<backend>, evt-<backend>-stall (stall reports on, " \
-                 "threshold 100 ms, nothing trips them) and evt-<backend>-stats (a fiber reads scheduler.stats once a " \
-                 "second); for each load, rounds in which wrk loads each server in turn for a second, the order " \
-                 "rotated every round; CPU ns per request of each server in each turn, every thread's, from " \
+           note: "(per C backend, three servers at once on the same CPU: evt-<backend>, evt-<backend>-stall (stall " \
+                 "reports on, threshold 100 ms, nothing trips them) and evt-<backend>-stats (a fiber reads " \
+                 "scheduler.stats once a second); for each load, rounds in which three wrk load the three servers " \
+                 "at once; CPU ns per request of each server in each round, every thread's, from " \
                  "/proc/PID/task/*/schedstat; a cost is the median over the rounds of that round's (server's CPU " \
-                 "per request / base's - 1), so the machine's drift over minutes falls on both sides of each " \
-                 "ratio; spread: [p25, p75] of the rounds' costs, or with --repeat every run's cost, the cost being " \
-                 "their median; base us/req: the median of the base server's turns)"
+                 "per request / base's - 1): whatever else the machine does falls on the three servers alike " \
+                 "within a round; spread: [p25, p75] of the rounds' costs, or with --repeat every run's cost, the " \
+                 "cost being their median; base us/req: the median of the base server's rounds, three servers " \
+                 "sharing one CPU)"
 
-  # insight-cost: rounds per load (full and --quick), and the seconds of wrk each server gets per round.
-  INSIGHT_ROUNDS = {full: 40, quick: 3}.freeze
-  INSIGHT_TURN = 1
+  # insight-cost: rounds per load (full and --quick), and the seconds each round lasts.
+  INSIGHT_ROUNDS = {full: 12, quick: 3}.freeze
+  INSIGHT_TURN = 5
   # insight-cost's loads: [name, wrk's headers].
   INSIGHT_LOADS = [["keepalive", []], ["close", ["-H", "Connection: close"]]].freeze
   # insight-cost's columns: [key, title, format].
@@ -59,15 +60,18 @@ module Bench
       servers&.each { |server| stop(server) }
     end
 
-    # CPU ns per request of each server in each round: [[per round] per server].
+    # CPU ns per request of each server in each round: [[per round] per server]. The servers are
+    # loaded at once, each by its own wrk, so whatever else the machine does (another guest's
+    # steal above all) falls on the three alike within a round.
     def insight_turns(servers, urls, headers, figures)
       spent = servers.map { [] }
-      @size[:insight_rounds].times do |round|
-        servers.each_index.to_a.rotate(round).each do |i|
-          before = threads_cpu_ns(servers[i][:pid])
-          report = wrk(urls[i], @connections, INSIGHT_TURN, headers)
-          spent[i] << (threads_cpu_ns(servers[i][:pid]) - before).fdiv(report[:requests])
-          figures[:errors] += report[:errors]
+      @size[:insight_rounds].times do
+        before = servers.map { |server| threads_cpu_ns(server[:pid]) }
+        loads = urls.map { |url| Thread.new { wrk(url, @connections, INSIGHT_TURN, headers) }.tap { |t| t.report_on_exception = false } }
+        reports = loads.map(&:value)
+        servers.each_with_index do |server, i|
+          spent[i] << (threads_cpu_ns(server[:pid]) - before[i]).fdiv(reports[i][:requests])
+          figures[:errors] += reports[i][:errors]
         end
       end
       spent
