@@ -78,7 +78,7 @@ module Bench
     end
 
     # CPU time of every thread of +pid+ so far, in ns (schedstat counts in ns; /proc/PID/stat in
-    # ticks of 10 ms, too coarse for a second's turn).
+    # ticks of 10 ms, coarse beside a round).
     def threads_cpu_ns(pid)
       Dir.glob("/proc/#{pid}/task/*/schedstat").sum do |path|
         Integer(File.read(path).split.first)
