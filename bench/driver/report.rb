@@ -213,7 +213,7 @@ module Bench
     when "blocking-ops" then "#{@size[:deflates]} fibers each deflating #{@size[:deflate_mib]} MiB with Zlib"
     when "http-cpu" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s, keep-alive, 0.5 ms of Ruby per request"
     when "insight-cost"
-      "three wrk -t1 -c#{@connections} -d#{INSIGHT_TURN}s at once per round, #{@size[:insight_rounds]} rounds per " \
+      "three wrk -t1 -c#{@connections} -d#{INSIGHT_ROUND_SECONDS}s at once per round, #{@size[:insight_rounds]} rounds per " \
         "load, keep-alive then Connection: close"
     when "falcon" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s --timeout #{FALCON_PROBE}s, keep-alive"
     when "rails" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s --timeout #{RailsScenario::TIMEOUT}s, keep-alive"

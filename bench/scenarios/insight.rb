@@ -15,7 +15,7 @@ module Bench
 
   # insight-cost: rounds per load (full and --quick), and the seconds each round lasts.
   INSIGHT_ROUNDS = {full: 12, quick: 3}.freeze
-  INSIGHT_TURN = 5
+  INSIGHT_ROUND_SECONDS = 5
   # insight-cost's loads: [name, wrk's headers].
   INSIGHT_LOADS = [["keepalive", []], ["close", ["-H", "Connection: close"]]].freeze
   # insight-cost's columns: [key, title, format].
@@ -43,7 +43,7 @@ module Bench
       servers = []
       names.each { |name| servers << start_server([*ruby_for(name), "bench/servers/http_server.rb", name]) }
       urls = servers.map { |server| "http://127.0.0.1:#{server[:port]}/" }
-      figures = {rounds: @size[:insight_rounds], turn_s: INSIGHT_TURN, connections: @connections, errors: 0}
+      figures = {rounds: @size[:insight_rounds], round_s: INSIGHT_ROUND_SECONDS, connections: @connections, errors: 0}
       INSIGHT_LOADS.each do |load, headers|
         urls.each { |url| wrk(url, @connections, @size[:warmup], headers) }
         per_request = insight_turns(servers, urls, headers, figures)
@@ -67,7 +67,7 @@ module Bench
       spent = servers.map { [] }
       @size[:insight_rounds].times do
         before = servers.map { |server| threads_cpu_ns(server[:pid]) }
-        loads = urls.map { |url| Thread.new { wrk(url, @connections, INSIGHT_TURN, headers) }.tap { |t| t.report_on_exception = false } }
+        loads = urls.map { |url| Thread.new { wrk(url, @connections, INSIGHT_ROUND_SECONDS, headers) }.tap { |t| t.report_on_exception = false } }
         reports = loads.map(&:value)
         servers.each_with_index do |server, i|
           spent[i] << (threads_cpu_ns(server[:pid]) - before[i]).fdiv(reports[i][:requests])

@@ -5,7 +5,13 @@ module Bench
            note: "(requests: served, by the server's count; errors: wrk's socket errors and non-2xx, every check the " \
                  "server makes that failed (message content and order, sleeps or timeouts ending early, Timeout not " \
                  "firing, waiters a close did not end with IOError, any other exception, a fiber stalled " \
-                 "#{Soak::STALL_LIMIT.to_i} s) and each activity that made no progress in a row; RSS, fds and CPU from /proc; lazy MB: the part of RSS given back with MADV_FREE (LazyFree in /proc/PID/smaps_rollup), which Linux takes back when it needs memory: Ruby frees the stacks of ended fibers so, and RSS keeps the stacks of the most fibers ever alive at once; held MB: RSS less lazy MB; steal %: of the server's CPU's time in the row, the share the hypervisor gave to others while this machine had work for it (/proc/stat): the server cannot serve then, so req/s and p99 move with it; objs k (Ruby objects alive, thousands) from GC.stat " \
+                 "#{Soak::STALL_LIMIT.to_i} s) and each activity that made no progress in a row; RSS, fds and CPU from " \
+                 "/proc; lazy MB: the part of RSS given back with MADV_FREE (LazyFree in /proc/PID/smaps_rollup), " \
+                 "which Linux takes back when it needs memory: Ruby frees the stacks of ended fibers so, and RSS " \
+                 "keeps the stacks of the most fibers ever alive at once; held MB: RSS less lazy MB; steal %: of the " \
+                 "server's CPU's time in the row, the share the hypervisor gave to others while this machine had " \
+                 "work for it (/proc/stat): the server cannot serve then, so req/s and p99 move with it; objs k " \
+                 "(Ruby objects alive, thousands) from GC.stat " \
                  "at the end of each row, with the HTTP connections ended, the fibers that open and close pipes " \
                  "parked where they hold the same ones (so flat means the same count at every row), and " \
                  "Process.warmup run (full GC, compaction, malloc_trim: RSS is what stays, not garbage or memory " \
@@ -32,8 +38,9 @@ module Bench
                      closes: "closes"}.freeze
   # soak's rows: [key, title, width, format].
   SOAK_COLUMNS = [[:t_s, "t s", 5, "%d"], [:requests, "requests", 9, "%d"], [:errors, "errors", 7, "%d"],
-                  [:rss_mb, "RSS MB", 7, "%.1f"], [:lazy_mb, "lazy MB", 8, "%.1f"],
-                  [:held_mb, "held MB", 8, "%.1f"], [:objects_k, "objs k", 7, "%.1f"], [:fds, "fds", 5, "%d"], [:cpu_pct, "CPU %", 6, "%.1f"], [:steal_pct, "steal %", 8, "%.1f"],
+                  [:rss_mb, "RSS MB", 7, "%.1f"], [:lazy_mb, "lazy MB", 8, "%.1f"], [:held_mb, "held MB", 8, "%.1f"],
+                  [:objects_k, "objs k", 7, "%.1f"], [:fds, "fds", 5, "%d"], [:cpu_pct, "CPU %", 6, "%.1f"],
+                  [:steal_pct, "steal %", 8, "%.1f"],
                   [:pipes, "pipes", 8, "%d"], [:sleeps, "sleeps", 8, "%d"], [:timeouts, "timeouts", 9, "%d"],
                   [:queued, "queued", 8, "%d"], [:closes, "closes", 7, "%d"], [:late_ms, "late ms", 8, "%.1f"]].freeze
 
@@ -207,8 +214,8 @@ module Bench
     (slope * (xs.last - xs.first) * 100 / my).round(1)
   end
 
-  # The targets: no error at any row; after the warm-up, every row's RSS and descriptors within
-  # SOAK_RSS_PERCENT of the first row after it, and its req/s and keep-alive p99 within
+  # The targets: no error at any row; after the warm-up, every row's held memory and descriptors
+  # within SOAK_RSS_PERCENT of the first row after it, and its req/s and keep-alive p99 within
   # SOAK_SPEED_PERCENT (the warm-up's rows are reported apart). Each figure's worst row is named.
   def soak_verdict(figures)
     rows = figures[:intervals]
@@ -240,7 +247,8 @@ module Bench
                  .join(", ") + format(" (RSS %+.1f %% at worst, at %d s, LazyFree included; held memory's line through the " \
                                       "rows after the warm-up: %+.1f %% over them)", changes[:rss], changes[:rss_at], trend)
     {errors: errors, warmup_s: warmup, warmup_rows: warm.size, changes: changes, pass: failed.empty?,
-     held_change_percent: changes[:held], held_trend_percent: trend, rss_change_percent: changes[:rss], fds_first: base[:fds], fds_last: rows.last[:fds],
+     held_change_percent: changes[:held], held_trend_percent: trend, rss_change_percent: changes[:rss],
+     fds_first: base[:fds], fds_last: rows.last[:fds],
      verdict: failed.empty? ? "PASS: #{text}" : "FAIL (#{failed.join(", ")}): #{text}"}
   end
 

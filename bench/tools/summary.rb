@@ -71,7 +71,6 @@ module Bench
         next soak if scenario == "soak"
         next [] if scenario == "insight-cost" # evt against itself: no peer, no C
 
-
         key = metric(scenario) or next []
         same = @results.select { |r| r[:scenario] == scenario && r[key].is_a?(Numeric) && !r[:hang] && r[:errors].to_i.zero? }
         same = at_largest_n(same)
