@@ -11,12 +11,9 @@ module Evt
   # The pure-Ruby loop, over IO.select: evt where the C extension cannot load, and {SelectScheduler}.
   # A fallback with Ruby's semantics, not a copy of the C core: each hook gives the results and
   # errors it gives there, but a turn's order, fairness and batching are the C core's alone (the
-  # README says what this loop does not promise). A suspended fiber leaves a {Waiter} in the ready
+  # README says what this loop does not promise). A suspended fiber leaves a waiter in the ready
   # queue, on the IOs it watches, on a timer, or where #unblock finds it.
   class SelectLoop
-    # The one backend of this loop.
-    # @api private
-    BACKENDS = [:select].freeze
     # This Ruby's scheduler interface (RUBY_FIBER_SCHEDULER_VERSION), read from its header.
     # @api private
     INTERFACE = begin
@@ -25,32 +22,25 @@ module Evt
     rescue StandardError
       RUBY_VERSION >= "4.1" ? 4 : 3
     end
-    # The events io_wait knows; others are dropped.
-    # @api private
-    EVENTS = IO::READABLE | IO::PRIORITY | IO::WRITABLE
-    # The longest timeout, in nanoseconds (73 years).
-    # @api private
-    FOREVER = 2**61
+    EVENTS = IO::READABLE | IO::PRIORITY | IO::WRITABLE # what io_wait knows; others are dropped
+    FOREVER = 2**61 # the longest timeout, in ns (73 years)
     # One suspension of one fiber. `state`: :waiting, :ready or :done; `result`: the events that came,
     # :unblocked, :timed_out, :closed or nil; `switcher`: made for a fiber that switched away; `what`:
     # [kind, subject] as Evt::Loop#waits shows it; `since`: when it began, to the turn.
-    # @api private
     Waiter = Struct.new(:fiber, :state, :result, :watches, :timer, :switcher, :what, :since)
-    # A timeout_after in progress.
-    # @api private
-    Timeout = Struct.new(:fiber, :exception)
-    # Fires `target` (a {Waiter} or a {Timeout}) at `deadline` (monotonic ns); @timers is sorted by
+    Timeout = Struct.new(:fiber, :exception) # a timeout_after in progress
+    # Fires `target` (a Waiter or a Timeout) at `deadline` (monotonic ns); @timers is sorted by
     # deadline, then by `sequence`.
-    # @api private
     Timer = Struct.new(:deadline, :sequence, :target)
+    private_constant :EVENTS, :FOREVER, :Waiter, :Timeout, :Timer
 
     @forks = 0
 
     class << self
       # (see Evt::Loop.backends)
-      def backends = BACKENDS
+      def backends = [:select]
       # (see Evt::Loop.probe)
-      def probe(name) = BACKENDS.include?(backend_name(name)) ? nil : "unknown backend"
+      def probe(name) = backend_name(name) == :select ? nil : "unknown backend"
       # (see Evt::Loop.emulation)
       def emulation(name) = backend_name(name) && nil
 
@@ -86,7 +76,7 @@ module Evt
       raise "evt: loop already initialized" if @backend
 
       backend = SelectLoop.backend_name(backend)
-      raise ArgumentError, "evt: unknown backend #{backend.inspect}" unless BACKENDS.include?(backend)
+      raise ArgumentError, "evt: unknown backend #{backend.inspect}" unless backend == :select
 
       @backend = backend
       @blocking_modes = ObjectSpace::WeakMap.new # io => whether its descriptor is in blocking mode
@@ -136,20 +126,16 @@ module Evt
       self
     end
 
-    # The loop, for its own thread: an idle one moves to the thread that uses it.
-    def owned
-      check
-      return self if Thread.current == @thread
-      raise ThreadError, "evt: this scheduler belongs to another thread, where fibers wait in it" if @waiting + @running > 0
-
-      @thread = Thread.current
-      @loop_fiber = @current = Fiber.current
-      @launcher = nil
-      self
-    end
-
+    # The loop, for its own thread, with its pipe: an idle one moves to the thread that uses it.
     def get
-      owned
+      check
+      if Thread.current != @thread
+        raise ThreadError, "evt: this scheduler belongs to another thread, where fibers wait in it" if @waiting + @running > 0
+
+        @thread = Thread.current
+        @loop_fiber = @current = Fiber.current
+        @launcher = nil
+      end
       @wakeup_r, @wakeup_w = IO.pipe unless @wakeup_r
       self
     end
@@ -195,8 +181,7 @@ module Evt
 
     # The block's value, or its exception of `classes`. While scheduler_close runs, $! holds the
     # exception ending the thread, which a rescue here would clear (Thread#join would not raise it):
-    # then the rescue happens on a fiber of its own. (For the same reason the loop uses `while`,
-    # never a block it breaks out of.)
+    # then the rescue happens on a fiber of its own. (So the loop never breaks out of a block.)
     def rescuing(*classes, &block)
       return Fiber.new(blocking: true) { rescuing(*classes, &block) }.resume if $!
 
@@ -219,7 +204,10 @@ module Evt
       @early_unblock = nil if early # for this wait if it is a block, else for none
       begin
         waiter.timer = add_timer(now + timeout, waiter) if timeout
-        watches&.each { |io, events| watch(waiter, io, events) }
+        watches&.each do |io, events|
+          list = (@watched[io] ||= {}.compare_by_identity)
+          list[waiter] = list.fetch(waiter, 0) | events
+        end
         @unblockable[waiter.fiber] = waiter if unblockable
         wake(waiter, :unblocked) if unblockable && early
         if first
@@ -238,13 +226,6 @@ module Evt
         leave(waiter) if forks == @forks # (a child's waits are the parent's)
       end
       waiter.result
-    end
-
-    def watch(waiter, io, events)
-      return unless waiter.state == :waiting
-
-      list = (@watched[io] ||= {}.compare_by_identity)
-      list[waiter] = list.fetch(waiter, 0) | events
     end
 
     def leave(waiter)
@@ -661,7 +642,7 @@ module Evt
 
     # (see Evt::Loop#scheduler_close)
     def scheduler_close
-      owned
+      get
       if Fiber.current != @loop_fiber && (@running.positive? || !Fiber.current.blocking?)
         raise FiberError, "evt: a scheduler is closed from the blocking fiber that drives it, " \
                           "not from inside a scheduled fiber"

@@ -11,18 +11,11 @@ module Evt
     # path then raises a stray IO::TimeoutError and blocks the thread on a descriptor in blocking
     # mode (docs/behaviour.md, "A read after another fiber's IO#timeout").
 
-    # -EAGAIN, as the transfer hooks return it: not ready.
-    # @api private
-    EAGAIN = -Errno::EAGAIN::Errno
-    # -EINTR: a transfer a signal interrupted, to try again.
-    # @api private
-    EINTR = -Errno::EINTR::Errno
-    # -EINVAL: a range outside the buffer, a negative position.
-    # @api private
-    EINVAL = -Errno::EINVAL::Errno
-    # A writable pipe in blocking mode takes this much without blocking (POSIX's least).
-    # @api private
-    PIPE_BUF = 512
+    EAGAIN = -Errno::EAGAIN::Errno # as the transfer hooks return it: not ready
+    EINTR = -Errno::EINTR::Errno # a transfer a signal interrupted, to try again
+    EINVAL = -Errno::EINVAL::Errno # a range outside the buffer, a negative position
+    PIPE_BUF = 512 # what a writable pipe in blocking mode takes without blocking (POSIX's least)
+    private_constant :EAGAIN, :EINTR, :EINVAL, :PIPE_BUF
 
     # (see Evt::Loop#io_wait)
     def io_wait(io, events, timeout)
