@@ -26,9 +26,38 @@ module EvtTest
   # extension, or for select where the extension has no select backend of its own.
   SELECT = !Evt.extension? || (BACKEND == :select && !Evt::Loop.backends.include?(:select))
 
-  # Evt.run with a guard: a hang fails this test instead of stalling the whole run.
+  # Evt.run with a guard: a hang fails this test instead of stalling the whole run, with what each
+  # fiber waited for and where in the failure's first line (the end of a long run shows that line
+  # only), and Evt.dump's whole text on stderr.
   def evt(timeout: 30, &block)
-    Timeout.timeout(timeout) { Evt.run(&block) }
+    runner = Thread.current
+    done = Queue.new
+    watchdog = Thread.new do
+      next if done.pop(timeout: timeout)
+
+      runner.raise(Timeout::Error, "Evt.run still running after #{timeout} s: #{hang_report}")
+    end
+    Evt.run(&block)
+  ensure
+    done << true
+    watchdog&.join
+  end
+
+  # What the fibers of this Ractor's schedulers wait for, short enough for the failure's first line:
+  # each kind of wait (Evt::FiberState's, less the fiber and the times) with the innermost frame of
+  # its fibers' backtraces outside evt (evt's C hooks show in their caller's file, under their own
+  # name), counted. Evt.dump, whole, goes to stderr.
+  def hang_report
+    Evt.dump
+    states = Evt::Insight.schedulers.keys.reject(&:closed?).flat_map(&:fibers)
+    kinds = states.map do |state|
+      wait = [state.wait || state.state, state.fd && "fd=#{state.fd}", *state.events].compact.join(" ")
+      frame = state.backtrace&.find { |line| !line.match?(%r{/lib/evt|<internal:|Evt::}) }
+      "[#{wait}] at #{frame&.split("/")&.last(2)&.join("/")}"
+    end
+    "#{states.size} fibers: " + kinds.tally.map { |kind, count| "#{count} x #{kind}" }.join("; ")
+  rescue StandardError => e
+    "(no report: #{e.class}: #{e.message})"
   end
 
   def monotonic
