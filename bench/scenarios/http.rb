@@ -18,7 +18,8 @@ module Bench
                  "req/s x peer is req/s over the best peer's by req/s)"
   scenario "http-cpu",
            metric: :cpu_us_per_req,
-           note: "(Evt::Workers: evt-workers-N processes, evt-ractors-N Ractors of one process; not pinned: " \
+           note: "(Evt::Workers: evt-workers-N processes, evt-ractors-N Ractors of one process; each worker listens on " \
+                 "a socket of its own at the port (SO_REUSEPORT, Linux), so the kernel splits wrk's connections evenly; not pinned: " \
                  "they may use every core; wrk pinned to CPU 1; CPU us/req counts every worker; RSS MB: the resident memory of the " \
                  "server's processes (supervisor and workers) summed, at the run's end)"
 

@@ -1,12 +1,18 @@
 # frozen_string_literal: true
 
-# http-cpu's server: WORKERS evt workers (Evt::Workers) on one listening socket, each request
-# costing about 0.5 ms of Ruby work before the fixed response; worker processes, or with `ractors`
-# Ractors of one process.
+# http-cpu's server: WORKERS evt workers (Evt::Workers) on one port, each request costing about
+# 0.5 ms of Ruby work before the fixed response; worker processes, or with `ractors` Ractors of one
+# process.
 #
 #   ruby bench/servers/http_cpu_server.rb WORKERS [processes|ractors]
 #
-# Prints "listening on PORT" once it accepts connections on 127.0.0.1.
+# On Linux each worker listens on a socket of its own at the port (SO_REUSEPORT), and the kernel
+# spreads the connections over them by their addresses' hash. On one shared listener, whichever
+# worker had a core when wrk's 100 connections arrived took most of them (splits from 50/50 to
+# 100/0 in runs of the same server), and the p99 followed the split, not the kind of worker.
+# Elsewhere (SO_REUSEPORT does not spread connections there), one shared listener.
+#
+# Prints "listening on PORT" once every worker accepts connections on 127.0.0.1.
 require "socket"
 require "evt"
 require_relative "http_handler"
@@ -18,12 +24,33 @@ def work
   total
 end
 
+workers = Integer(ARGV.fetch(0) { abort "usage: http_cpu_server.rb WORKERS [processes|ractors]" })
+kind = ARGV.fetch(1, "processes")
+abort "http_cpu_server.rb: processes or ractors, not #{kind}" unless %w[processes ractors].include?(kind)
+SPREAD = RUBY_PLATFORM.include?("linux") && Socket.const_defined?(:SO_REUSEPORT)
+
+if SPREAD
+  # The port, held by a socket bound and not listening (so no connection waits on it), which lets
+  # the workers' sockets bind to it too.
+  holder = Socket.new(:INET, :STREAM)
+  holder.setsockopt(:SOCKET, :REUSEPORT, true)
+  holder.bind(Addrinfo.tcp("127.0.0.1", 0))
+  PORT = holder.local_address.ip_port
+end
+
 # Each worker's block: shareable (made where self is nil), for Ractors as for processes.
 SERVE = nil.instance_exec do
   proc do |worker|
     listener = worker.listeners.first
+    unless listener
+      listener = Socket.new(:INET, :STREAM)
+      listener.setsockopt(:SOCKET, :REUSEPORT, true)
+      listener.bind(Addrinfo.tcp("127.0.0.1", PORT))
+      listener.listen(Socket::SOMAXCONN)
+      worker.on_stop { listener.close }
+    end
     until worker.stopping?
-      client = listener.accept
+      client, = listener.accept
       Fiber.schedule { Bench::HTTPHandler.serve(client) { work } }
     end
   rescue IOError
@@ -31,9 +58,19 @@ SERVE = nil.instance_exec do
   end
 end
 
-workers = Integer(ARGV.fetch(0) { abort "usage: http_cpu_server.rb WORKERS [processes|ractors]" })
-kind = ARGV.fetch(1, "processes")
-abort "http_cpu_server.rb: processes or ractors, not #{kind}" unless %w[processes ractors].include?(kind)
-server = Bench::HTTPHandler.listen
+# The sockets listening on `port` (IPv4), from the kernel's table: "0A" is TCP_LISTEN.
+def listening(port)
+  File.readlines("/proc/net/tcp").count { |line| line.split.then { |f| f[1]&.end_with?(format(":%04X", port)) && f[3] == "0A" } }
+end
+
 sizes = kind == "ractors" ? {ractors: workers} : {count: workers}
-Evt::Workers.new(**sizes, listeners: [server]).run(SERVE)
+if SPREAD
+  Thread.new do
+    sleep 0.01 until listening(PORT) >= workers
+    $stdout.puts "listening on #{PORT}"
+    $stdout.flush
+  end
+  Evt::Workers.new(**sizes).run(SERVE)
+else
+  Evt::Workers.new(**sizes, listeners: [Bench::HTTPHandler.listen]).run(SERVE)
+end
