@@ -4,13 +4,14 @@
 # 0.5 ms of Ruby work before the fixed response; worker processes, or with `ractors` Ractors of one
 # process.
 #
-#   ruby bench/servers/http_cpu_server.rb WORKERS [processes|ractors]
+#   ruby bench/servers/http_cpu_server.rb WORKERS [processes|ractors] [own|shared]
 #
 # On Linux each worker listens on a socket of its own at the port (SO_REUSEPORT), and the kernel
 # spreads the connections over them by their addresses' hash. On one shared listener, whichever
 # worker had a core when wrk's 100 connections arrived took most of them (splits from 50/50 to
 # 100/0 in runs of the same server), and the p99 followed the split, not the kind of worker.
-# Elsewhere (SO_REUSEPORT does not spread connections there), one shared listener.
+# Elsewhere (SO_REUSEPORT does not spread connections there), or with `shared`, one shared
+# listener (bench/tools/worker_split.rb compares the two).
 #
 # Prints "listening on PORT" once every worker accepts connections on 127.0.0.1.
 require "socket"
@@ -24,10 +25,12 @@ def work
   total
 end
 
-workers = Integer(ARGV.fetch(0) { abort "usage: http_cpu_server.rb WORKERS [processes|ractors]" })
+workers = Integer(ARGV.fetch(0) { abort "usage: http_cpu_server.rb WORKERS [processes|ractors] [own|shared]" })
 kind = ARGV.fetch(1, "processes")
 abort "http_cpu_server.rb: processes or ractors, not #{kind}" unless %w[processes ractors].include?(kind)
-SPREAD = RUBY_PLATFORM.include?("linux") && Socket.const_defined?(:SO_REUSEPORT)
+sockets = ARGV.fetch(2, "own")
+abort "http_cpu_server.rb: own or shared, not #{sockets}" unless %w[own shared].include?(sockets)
+SPREAD = sockets == "own" && RUBY_PLATFORM.include?("linux") && Socket.const_defined?(:SO_REUSEPORT)
 
 if SPREAD
   # The port, held by a socket bound and not listening (so no connection waits on it), which lets
