@@ -173,4 +173,48 @@ class WorkersTest < Minitest::Test
   ensure
     assert stop(supervisor).success? if supervisor
   end
+
+  # docs/workers.md's recipe for an even split: each worker listens on a socket of its own at one
+  # port (SO_REUSEPORT), and Linux spreads connections over them by their addresses' hash, however
+  # fast they come. 40 connections opened at once, held: both workers have some (a hash putting all
+  # 40 on one socket is a chance of one in 2^39).
+  def test_workers_with_sockets_of_their_own_at_one_port_share_a_burst_of_connections
+    skip "SO_REUSEPORT spreads connections on Linux only" unless RUBY_PLATFORM.include?("linux")
+
+    holder = Socket.new(:INET, :STREAM)
+    holder.setsockopt(:SOCKET, :REUSEPORT, true)
+    holder.bind(Addrinfo.tcp("127.0.0.1", 0))
+    port = holder.local_address.ip_port
+    supervisor = fork do
+      Evt::Workers.new(count: 2, stop_timeout: 5).run do |worker|
+        listener = Socket.new(:INET, :STREAM)
+        listener.setsockopt(:SOCKET, :REUSEPORT, true)
+        listener.bind(Addrinfo.tcp("127.0.0.1", port))
+        listener.listen(64)
+        worker.on_stop { listener.close }
+        until worker.stopping?
+          client, = listener.accept
+          Fiber.schedule { answer(client) }
+        end
+      rescue IOError
+        nil
+      end
+      exit!(0)
+    rescue Exception # rubocop:disable Lint/RescueException
+      exit!(1)
+    end
+    Timeout.timeout(10) { sleep 0.01 until listening(port) == 2 }
+    sockets = Array.new(40) { TCPSocket.new("127.0.0.1", port) }
+    pids = Timeout.timeout(10) { sockets.map { |socket| socket.puts("pid") || socket.gets.to_i } }
+    assert_equal 2, pids.uniq.size, "the 40 connections went to #{pids.tally} (worker pid => connections)"
+  ensure
+    sockets&.each(&:close)
+    assert stop(supervisor).success? if supervisor
+    holder&.close
+  end
+
+  # The sockets listening on `port` (IPv4), from the kernel's table ("0A": TCP_LISTEN).
+  def listening(port)
+    File.readlines("/proc/net/tcp").count { |line| line.split.then { |f| f[1]&.end_with?(format(":%04X", port)) && f[3] == "0A" } }
+  end
 end
