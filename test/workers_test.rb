@@ -13,20 +13,24 @@ class WorkersTest < Minitest::Test
     server = TCPServer.new("127.0.0.1", 0)
     port = server.local_address.ip_port
     supervisor = fork do
-      Evt::Workers.new(count: count, listeners: [server], stop_timeout: 5).run do |worker|
-        until worker.stopping?
-          client = server.accept
-          Fiber.schedule { answer(client) }
-        end
-      rescue IOError
-        nil # the listener closed: the requests in flight finish
-      end
+      Evt::Workers.new(count: count, listeners: [server], stop_timeout: 5).run { |worker| serve(worker, server) }
       exit!(0)
     rescue Exception # rubocop:disable Lint/RescueException
       exit!(1)
     end
     server.close
     [supervisor, port]
+  end
+
+  # A worker's accept loop: a fiber per connection until the listener closes (the worker was told
+  # to stop); the requests in flight finish.
+  def serve(worker, listener)
+    until worker.stopping?
+      client, = listener.accept # a Socket's accept gives [client, address]
+      Fiber.schedule { answer(client) }
+    end
+  rescue IOError
+    nil
   end
 
   def answer(client)
@@ -90,12 +94,7 @@ class WorkersTest < Minitest::Test
             File.write(marker, "")
             raise "the first worker fails"
           end
-          until worker.stopping?
-            client = server.accept
-            Fiber.schedule { answer(client) }
-          end
-        rescue IOError
-          nil
+          serve(worker, server)
         end
         exit!(0)
       end
@@ -192,12 +191,7 @@ class WorkersTest < Minitest::Test
         listener.bind(Addrinfo.tcp("127.0.0.1", port))
         listener.listen(64)
         worker.on_stop { listener.close }
-        until worker.stopping?
-          client, = listener.accept
-          Fiber.schedule { answer(client) }
-        end
-      rescue IOError
-        nil
+        serve(worker, listener)
       end
       exit!(0)
     rescue Exception # rubocop:disable Lint/RescueException
