@@ -180,15 +180,11 @@ class WorkersTest < Minitest::Test
   def test_workers_with_sockets_of_their_own_at_one_port_share_a_burst_of_connections
     skip "SO_REUSEPORT spreads connections on Linux only" unless RUBY_PLATFORM.include?("linux")
 
-    holder = Socket.new(:INET, :STREAM)
-    holder.setsockopt(:SOCKET, :REUSEPORT, true)
-    holder.bind(Addrinfo.tcp("127.0.0.1", 0))
+    holder = reuse_port_socket(0) # holds the port, bound and not listening
     port = holder.local_address.ip_port
     supervisor = fork do
       Evt::Workers.new(count: 2, stop_timeout: 5).run do |worker|
-        listener = Socket.new(:INET, :STREAM)
-        listener.setsockopt(:SOCKET, :REUSEPORT, true)
-        listener.bind(Addrinfo.tcp("127.0.0.1", port))
+        listener = reuse_port_socket(port)
         listener.listen(64)
         worker.on_stop { listener.close }
         serve(worker, listener)
@@ -205,6 +201,14 @@ class WorkersTest < Minitest::Test
     sockets&.each(&:close)
     assert stop(supervisor).success? if supervisor
     holder&.close
+  end
+
+  # A TCP socket with SO_REUSEPORT, bound to `port` on 127.0.0.1 (0: one the kernel picks).
+  def reuse_port_socket(port)
+    Socket.new(:INET, :STREAM).tap do |socket|
+      socket.setsockopt(:SOCKET, :REUSEPORT, true)
+      socket.bind(Addrinfo.tcp("127.0.0.1", port))
+    end
   end
 
   # The sockets listening on `port` (IPv4), from the kernel's table ("0A": TCP_LISTEN).

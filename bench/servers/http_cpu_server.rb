@@ -32,12 +32,18 @@ sockets = ARGV.fetch(2, "own")
 abort "http_cpu_server.rb: own or shared, not #{sockets}" unless %w[own shared].include?(sockets)
 SPREAD = sockets == "own" && RUBY_PLATFORM.include?("linux") && Socket.const_defined?(:SO_REUSEPORT)
 
+# A TCP socket with SO_REUSEPORT, bound to `port` on 127.0.0.1 (0: one the kernel picks).
+def reuse_port_socket(port)
+  Socket.new(:INET, :STREAM).tap do |socket|
+    socket.setsockopt(:SOCKET, :REUSEPORT, true)
+    socket.bind(Addrinfo.tcp("127.0.0.1", port))
+  end
+end
+
 if SPREAD
   # The port, held by a socket bound and not listening (so no connection waits on it), which lets
   # the workers' sockets bind to it too.
-  holder = Socket.new(:INET, :STREAM)
-  holder.setsockopt(:SOCKET, :REUSEPORT, true)
-  holder.bind(Addrinfo.tcp("127.0.0.1", 0))
+  holder = reuse_port_socket(0)
   PORT = holder.local_address.ip_port
 end
 
@@ -46,9 +52,7 @@ SERVE = nil.instance_exec do
   proc do |worker|
     listener = worker.listeners.first
     unless listener
-      listener = Socket.new(:INET, :STREAM)
-      listener.setsockopt(:SOCKET, :REUSEPORT, true)
-      listener.bind(Addrinfo.tcp("127.0.0.1", PORT))
+      listener = reuse_port_socket(PORT)
       listener.listen(Socket::SOMAXCONN)
       worker.on_stop { listener.close }
     end
