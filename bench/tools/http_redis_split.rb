@@ -16,6 +16,7 @@
 #
 #   ruby [--yjit] bench/tools/http_redis_split.rb SUBJECT,.. [ROUNDS] [--seconds S] [--perf] [--hooks]
 require "open3"
+require "optparse"
 require "socket"
 require "tmpdir"
 require "etc"
@@ -23,11 +24,14 @@ require "etc"
 ROOT = File.expand_path("../..", __dir__)
 KEY = "evt:bench:greeting"
 
-options = ARGV.select { |arg| arg.start_with?("--") }
-arguments = ARGV - options
-seconds = Integer(ARGV[ARGV.index("--seconds") + 1]) if options.include?("--seconds")
-arguments -= [seconds.to_s] if seconds
-seconds ||= 5
+options = {seconds: 5}
+arguments = OptionParser.new do |parser|
+  parser.banner = "usage: http_redis_split.rb SUBJECT,.. [ROUNDS] [--seconds S] [--perf] [--hooks]"
+  parser.on("--seconds S", Integer, "each measured run (default 5)") { |value| options[:seconds] = value }
+  parser.on("--perf", "perf record each measured run") { options[:perf] = true }
+  parser.on("--hooks", "count the hooks in a run of their own") { options[:hooks] = true }
+end.parse(ARGV)
+seconds = options[:seconds]
 subjects = arguments.fetch(0) { abort "usage: http_redis_split.rb SUBJECT,.. [ROUNDS] [--seconds S] [--perf] [--hooks]" }.split(",")
 rounds = Integer(arguments.fetch(1, 3))
 ruby = [RbConfig.ruby, *("--yjit" if defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled?)]
@@ -126,8 +130,8 @@ end
 results = Hash.new { |hash, key| hash[key] = [] }
 rounds.times do |round|
   subjects.each do |subject|
-    result = run(ruby, subject, seconds, perf: options.include?("--perf"))
-    result[:hooks] = run(ruby, subject, seconds, hooks: true)[:hooks] if options.include?("--hooks")
+    result = run(ruby, subject, seconds, perf: options[:perf])
+    result[:hooks] = run(ruby, subject, seconds, hooks: true)[:hooks] if options[:hooks]
     results[subject] << result
     shares = format("  kernel %4.1f %%  ruby %4.1f %%  scheduler lib %3.1f %%  sends %4.1f %%", *result.values_at(:kernel, :ruby, :library, :sends)) if result[:kernel]
     hooks = "  hooks/req #{result[:hooks].map { |name, count| format("%s %.2f", name, count) }.join(", ")}" if result[:hooks]
