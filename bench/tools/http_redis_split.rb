@@ -72,8 +72,9 @@ end
 # SIGTERM, then SIGKILL after 2 s: a peer's loop may leave a signal pending while it waits idle.
 def stop(server)
   Process.kill("TERM", server.pid)
-  20.times { Process.waitpid(server.pid, Process::WNOHANG) ? break : sleep(0.1) }
-  Process.kill("KILL", server.pid) if Process.waitpid(server.pid, Process::WNOHANG).nil?
+  ended = nil
+  20.times { (ended = Process.waitpid(server.pid, Process::WNOHANG)) ? break : sleep(0.1) }
+  Process.kill("KILL", server.pid) unless ended
 rescue Errno::ECHILD, Errno::ESRCH
   nil # ended already
 ensure
