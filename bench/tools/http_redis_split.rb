@@ -11,7 +11,8 @@
 #               kernel, Ruby, the scheduler's own library, and the sends (send, sendmsg, io_uring
 #               submissions, children included);
 #   hooks       (with --hooks, a separate run with bench/tools/hook_counts.rb loaded) the scheduler hooks
-#               Ruby called, and the pool's waits (ConditionVariable#wait), per request.
+#               Ruby called, the pool's waits (ConditionVariable#wait), and its checkouts by how often
+#               each waited (pop_w0 to pop_w3), per request.
 # Medians at the end. Linux, with wrk, redis-server, taskset (and perf for --perf).
 #
 #   ruby [--yjit] bench/tools/http_redis_split.rb SUBJECT,.. [ROUNDS] [--seconds S] [--perf] [--hooks]
