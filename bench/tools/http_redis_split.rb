@@ -5,6 +5,7 @@
 # pinned to CPU 1, as bin/bench runs them; the subjects take turns, ROUNDS rounds. Each run: a 2 s
 # warm-up, then S seconds measured. Per request it reports:
 #   CPU µs      the server's CPU time over the requests wrk counted;
+#   p99         wrk's 99th percentile latency of the measured run (the hooks run's is not kept);
 #   redis sw    redis-server's context switches: each is a sleep the server's next command woke it from,
 #               a wakeup the server's own send(2) pays for on loopback;
 #   perf shares (with --perf, a `perf record -g` of the measured run) of the server's samples: the
@@ -41,9 +42,11 @@ def free_port = TCPServer.open("127.0.0.1", 0) { |probe| probe.local_address.ip_
 def cpu_ticks(pid) = File.read("/proc/#{pid}/stat").split(") ").last.split[11, 2].sum(&:to_i)
 def switches(pid) = File.read("/proc/#{pid}/status").scan(/^(?:non)?voluntary_ctxt_switches:\s+(\d+)/).flatten.sum(&:to_i)
 
+# wrk's requests and its 99th percentile latency in ms.
 def wrk(port, seconds)
-  out, = Open3.capture2("taskset", "-c", "1", "wrk", "-t1", "-c100", "-d#{seconds}s", "http://127.0.0.1:#{port}/")
-  Integer(out[/(\d+) requests in/, 1])
+  out, = Open3.capture2("taskset", "-c", "1", "wrk", "-t1", "-c100", "-d#{seconds}s", "--latency", "http://127.0.0.1:#{port}/")
+  value, unit = out.match(/^\s+99%\s+([\d.]+)(us|ms|s)\b/)&.captures || raise("wrk printed no 99th percentile: #{out}")
+  [Integer(out[/(\d+) requests in/, 1]), value.to_f * {"us" => 1e-3, "ms" => 1, "s" => 1e3}.fetch(unit)]
 end
 
 def with_redis
@@ -101,13 +104,13 @@ def run(ruby, subject, seconds, perf: false, hooks: false)
                       "r+", err: hooks ? %i[child out] : File::NULL)
     begin
       port = Integer(server.gets[/listening on (\d+)/, 1])
-      warm = wrk(port, 2)
+      warm, = wrk(port, 2)
       ticks, redis_switches = cpu_ticks(server.pid), switches(redis_pid)
       data = File.join(Dir.tmpdir, "evt-redis-split-#{subject}.perf")
       recorder = Process.spawn("perf", "record", "-F", "2000", "-g", "-p", server.pid.to_s, "-o", data, "--", "sleep",
                                seconds.to_s, out: File::NULL, err: File::NULL) if perf
-      requests = wrk(port, seconds)
-      result = {cpu_us: (cpu_ticks(server.pid) - ticks) * 1e6 / Etc.sysconf(Etc::SC_CLK_TCK) / requests,
+      requests, p99 = wrk(port, seconds)
+      result = {cpu_us: (cpu_ticks(server.pid) - ticks) * 1e6 / Etc.sysconf(Etc::SC_CLK_TCK) / requests, p99_ms: p99,
                 redis_switches: (switches(redis_pid) - redis_switches).fdiv(requests)}
       Process.wait(recorder) if recorder
       result.merge!(perf_shares(data)) if perf
@@ -137,15 +140,16 @@ rounds.times do |round|
     results[subject] << result
     shares = format("  kernel %4.1f %%  ruby %4.1f %%  scheduler lib %3.1f %%  sends %4.1f %%", *result.values_at(:kernel, :ruby, :library, :sends)) if result[:kernel]
     hooks = "  hooks/req #{result[:hooks].map { |name, count| format("%s %.2f", name, count) }.join(", ")}" if result[:hooks]
-    puts format("round %d  %-14s CPU %6.1f µs/req  redis sw %.2f/req%s%s", round + 1, subject, result[:cpu_us],
-                result[:redis_switches], shares, hooks)
+    puts format("round %d  %-14s CPU %6.1f µs/req  p99 %6.1f ms  redis sw %.2f/req%s%s", round + 1, subject, result[:cpu_us],
+                result[:p99_ms], result[:redis_switches], shares, hooks)
   end
 end
 median = ->(values) { values.sort[values.size / 2] }
 puts
 results.each do |subject, list|
-  line = format("%-14s CPU median %6.1f µs/req (%.1f to %.1f)  redis sw %.2f/req", subject, median.(list.map { _1[:cpu_us] }),
-                list.map { _1[:cpu_us] }.min, list.map { _1[:cpu_us] }.max, median.(list.map { _1[:redis_switches] }))
+  line = format("%-14s CPU median %6.1f µs/req (%.1f to %.1f)  p99 %6.1f ms  redis sw %.2f/req", subject,
+                median.(list.map { _1[:cpu_us] }), list.map { _1[:cpu_us] }.min, list.map { _1[:cpu_us] }.max,
+                median.(list.map { _1[:p99_ms] }), median.(list.map { _1[:redis_switches] }))
   line += format("  kernel %4.1f %%  ruby %4.1f %%  scheduler lib %3.1f %%  sends %4.1f %%",
                  *%i[kernel ruby library sends].map { |key| median.(list.map { _1[key] }) }) if list.first[:kernel]
   if list.first[:hooks]
