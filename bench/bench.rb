@@ -202,6 +202,13 @@ module Bench
 
           @options[:soak] = s
         end
+        o.on("--soak-rate R", Integer, "soak's HTTP load paced to about R requests/s in all (each connection waits",
+             "between its requests), below what the server can serve: req/s and p99 then show the",
+             "server's drift rather than how much CPU the machine gave it (unpaced: as fast as it serves)") do |r|
+          raise OptionParser::InvalidArgument, "the rate must be positive" unless r.positive?
+
+          @options[:soak_rate] = r
+        end
       end.parse!(argv)
     end
 

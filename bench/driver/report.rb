@@ -220,7 +220,7 @@ module Bench
     when "soak"
       "#{@size[:soak]} s of mixed load on one server per C backend, one backend at a time: " \
         "#{SOAK_LOAD.map { |c, headers| "wrk -t1 -c#{c} #{headers.empty? ? "keep-alive" : "Connection: close"}" }.join(" and ")} " \
-        "at once; #{Soak::PINGPONG_PAIRS} pipe pairs ping-ponging checked messages; #{Soak::SLEEPERS} fibers sleeping " \
+        "at once#{", paced to about #{@options[:soak_rate]} req/s in all (each connection waits #{soak_pace_ms} ms before each request)" if @options[:soak_rate]}; #{Soak::PINGPONG_PAIRS} pipe pairs ping-ponging checked messages; #{Soak::SLEEPERS} fibers sleeping " \
         "0-10 ms; #{Soak::TIMEOUT_FIBERS} fibers in Timeout.timeout(2-10 ms) around sleeps, Queue#pop and pipe reads; " \
         "#{Soak::PRODUCERS} threads feeding #{Soak::PRODUCERS * Soak::QUEUES_PER_PRODUCER} queues that fibers pop; " \
         "pipes fibers read or write closed by a fiber (#{Soak::FIBER_CLOSE_SLOTS} at a time) or a thread " \
@@ -238,6 +238,7 @@ module Bench
                 default_backend: @default_backend, **provenance,
                 results: @results}
     document[:soak_duration_s] = @size[:soak] if @options[:only].include?("soak")
+    document[:soak_rate] = @options[:soak_rate] if @options[:only].include?("soak") && @options[:soak_rate]
     [@options[:json], @options[:svg]].each { |f| Dir.mkdir(File.dirname(f)) unless Dir.exist?(File.dirname(f)) }
     File.write(@options[:json], "#{JSON.pretty_generate(document)}\n")
     charted = @results.reject { |r| ON_REQUEST.include?(r[:scenario]) }

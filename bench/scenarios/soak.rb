@@ -70,8 +70,9 @@ module Bench
     log = File.join(ROOT, "tmp/bench/soak.#{subject}.stderr")
     FileUtils.mkdir_p(File.dirname(log))
     figures = {duration_s: seconds, interval_s: interval, intervals: [], stderr_file: relative(log)}
+    figures[:paced] = {rate: @options[:soak_rate], wait_ms: soak_pace_ms} if @options[:soak_rate]
     started = clock
-    note "  #{subject}: #{seconds} s, a row every #{interval} s (the server's stderr: #{relative(log)})"
+    note "  #{subject}: #{seconds} s, a row every #{interval} s#{soak_paced_text(figures)} (the server's stderr: #{relative(log)})"
     note soak_header
     server = nil
     begin
@@ -86,6 +87,13 @@ module Bench
     figures.merge!(soak_verdict(figures))
     note format("  %s: %.0f s, %s", subject, clock - started, figures[:pass] ? "PASS" : "FAIL")
     figures
+  end
+
+  # ", paced to about R req/s (...)" for a paced run's lines, else "".
+  def soak_paced_text(figures)
+    paced = figures[:paced] or return ""
+    format(", paced to about %d req/s (each of the %d connections waits %d ms before each request)",
+           paced[:rate], SOAK_LOAD.sum(&:first), paced[:wait_ms])
   end
 
   def soak_rows(server, seconds, interval, figures)
@@ -105,10 +113,12 @@ module Bench
     end
   end
 
-  # Every wrk load at once, for +seconds+, all on CPU 1.
+  # Every wrk load at once, for +seconds+, all on CPU 1; paced with --soak-rate.
   def soak_load(url, seconds)
+    pace = soak_pace_script
     threads = SOAK_LOAD.map do |connections, headers|
-      Thread.new { wrk(url, connections, seconds, headers) }.tap { |t| t.report_on_exception = false }
+      arguments = pace ? [*headers, "-s", pace] : headers
+      Thread.new { wrk(url, connections, seconds, arguments) }.tap { |t| t.report_on_exception = false }
     end
     outcomes = threads.map do |thread|
       thread.value
@@ -120,6 +130,22 @@ module Bench
 
     outcomes
   end
+
+  # With --soak-rate R: every connection waits soak_pace_ms before each request (wrk's `delay`), so
+  # the loads together ask about R requests a second while the server answers in much less than
+  # that wait. The script's path, written once; nil unpaced.
+  def soak_pace_script
+    return nil unless @options[:soak_rate]
+
+    @soak_pace_script ||= File.join(ROOT, "tmp/bench/soak-pace.lua").tap do |path|
+      FileUtils.mkdir_p(File.dirname(path))
+      File.write(path, "-- bin/bench --soak-rate #{@options[:soak_rate]}: each connection waits before each request\n" \
+                       "function delay()\n  return #{soak_pace_ms}\nend\n")
+    end
+  end
+
+  # The wait before each request, in whole ms (wrk's unit), for --soak-rate.
+  def soak_pace_ms = [(SOAK_LOAD.sum(&:first) * 1000.0 / @options[:soak_rate]).round, 1].max
 
   # The server's counters (it parks its pipe-making fibers and waits for the HTTP connections to
   # end first), then /proc, then the server goes on.
@@ -261,7 +287,7 @@ module Bench
       puts
       next puts "#{row[:subject]}  n/a: #{row[:skipped]}" if row[:skipped]
 
-      puts "#{row[:subject]}: #{row[:duration_s]} s, a row every #{row[:interval_s]} s"
+      puts "#{row[:subject]}: #{row[:duration_s]} s, a row every #{row[:interval_s]} s#{soak_paced_text(row)}"
       puts soak_header
       row[:intervals].each { |interval| puts soak_line(interval) }
       soak_problems(row).each { |line| puts "  #{line}" }
