@@ -203,8 +203,8 @@ module Bench
           @options[:soak] = s
         end
         o.on("--soak-rate R", Integer, "soak's HTTP load paced to about R requests/s in all (each connection waits",
-             "between its requests), below what the server can serve: req/s and p99 then show the",
-             "server's drift rather than how much CPU the machine gave it (unpaced: as fast as it serves)") do |r|
+             "between its requests): its req/s is then the rate asked, not what the CPU the machine gave",
+             "allowed (unpaced: as fast as it serves); the soak's other activities still run flat out") do |r|
           raise OptionParser::InvalidArgument, "the rate must be positive" unless r.positive?
 
           @options[:soak_rate] = r
