@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "wrk_output"
+
 module Bench
   # The tools the scenarios measure with: wrk, perf and strace, a redis-server, and checks that a server still
   # answers. Mixed into Run.
@@ -27,7 +29,7 @@ module Bench
 
     errors = out[/Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)/] ? Regexp.last_match.captures.sum(&:to_i) : 0
     errors += out[/Non-2xx or 3xx responses: (\d+)/, 1].to_i
-    p99 = out[/^\s+99%\s+([\d.]+)(us|ms|s)\b/] && Regexp.last_match(1).to_f * {"us" => 0.001, "ms" => 1, "s" => 1000}.fetch(Regexp.last_match(2))
+    p99 = WrkOutput.p99_ms(out)
     {requests: requests, rps: out[%r{Requests/sec:\s+([\d.]+)}, 1].to_f, p99_ms: p99&.round(2), errors: errors}
   end
 

@@ -22,6 +22,7 @@ require "optparse"
 require "socket"
 require "tmpdir"
 require "etc"
+require_relative "../driver/wrk_output"
 
 ROOT = File.expand_path("../..", __dir__)
 KEY = "evt:bench:greeting"
@@ -45,8 +46,7 @@ def switches(pid) = File.read("/proc/#{pid}/status").scan(/^(?:non)?voluntary_ct
 # wrk's requests and its 99th percentile latency in ms.
 def wrk(port, seconds)
   out, = Open3.capture2("taskset", "-c", "1", "wrk", "-t1", "-c100", "-d#{seconds}s", "--latency", "http://127.0.0.1:#{port}/")
-  value, unit = out.match(/^\s+99%\s+([\d.]+)(us|ms|s)\b/)&.captures || raise("wrk printed no 99th percentile: #{out}")
-  [Integer(out[/(\d+) requests in/, 1]), value.to_f * {"us" => 1e-3, "ms" => 1, "s" => 1e3}.fetch(unit)]
+  [Integer(out[/(\d+) requests in/, 1]), Bench::WrkOutput.p99_ms(out) || raise("wrk printed no 99th percentile: #{out}")]
 end
 
 def with_redis

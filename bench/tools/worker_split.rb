@@ -10,6 +10,7 @@
 #   ruby bench/tools/worker_split.rb [ROUNDS]   (default 8; Linux, with wrk and ss)
 require "open3"
 require "socket"
+require_relative "../driver/wrk_output"
 
 ROOT = File.expand_path("../..", __dir__)
 rounds = Integer(ARGV.fetch(0, 8))
@@ -26,8 +27,7 @@ def run(kind, sockets)
   owners, = Open3.capture2("ss", "-tnpH", "state", "established", "( sport = :#{port} )")
   split = owners.scan(/pid=(\d+)/).flatten.tally.values.sort.reverse
   report = measured.value
-  p99 = report[/ 99%\s+([\d.]+)(us|ms|s)\b/] && Float(Regexp.last_match(1)) * {"us" => 0.001, "ms" => 1, "s" => 1000}.fetch(Regexp.last_match(2))
-  {p99: p99, rps: Float(report[%r{Requests/sec:\s+([\d.]+)}, 1]), split: split}
+  {p99: Bench::WrkOutput.p99_ms(report), rps: Float(report[%r{Requests/sec:\s+([\d.]+)}, 1]), split: split}
 ensure
   if server
     Process.kill("TERM", server.pid)
