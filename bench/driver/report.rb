@@ -220,7 +220,8 @@ module Bench
     when "soak"
       "#{@size[:soak]} s of mixed load on one server per C backend, one backend at a time: " \
         "#{SOAK_LOAD.map { |c, headers| "wrk -t1 -c#{c} #{headers.empty? ? "keep-alive" : "Connection: close"}" }.join(" and ")} " \
-        "at once#{", paced to about #{@options[:soak_rate]} req/s in all (each connection waits #{soak_pace_ms} ms before each request)" if @options[:soak_rate]}; #{Soak::PINGPONG_PAIRS} pipe pairs ping-ponging checked messages; #{Soak::SLEEPERS} fibers sleeping " \
+        "at once#{soak_paced_text(soak_pace)}; #{Soak::PINGPONG_PAIRS} pipe pairs ping-ponging checked messages; " \
+        "#{Soak::SLEEPERS} fibers sleeping " \
         "0-10 ms; #{Soak::TIMEOUT_FIBERS} fibers in Timeout.timeout(2-10 ms) around sleeps, Queue#pop and pipe reads; " \
         "#{Soak::PRODUCERS} threads feeding #{Soak::PRODUCERS * Soak::QUEUES_PER_PRODUCER} queues that fibers pop; " \
         "pipes fibers read or write closed by a fiber (#{Soak::FIBER_CLOSE_SLOTS} at a time) or a thread " \

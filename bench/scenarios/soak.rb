@@ -70,9 +70,9 @@ module Bench
     log = File.join(ROOT, "tmp/bench/soak.#{subject}.stderr")
     FileUtils.mkdir_p(File.dirname(log))
     figures = {duration_s: seconds, interval_s: interval, intervals: [], stderr_file: relative(log)}
-    figures[:paced] = {rate: @options[:soak_rate], wait_ms: soak_pace_ms} if @options[:soak_rate]
+    figures[:paced] = soak_pace if soak_pace
     started = clock
-    note "  #{subject}: #{seconds} s, a row every #{interval} s#{soak_paced_text(figures)} (the server's stderr: #{relative(log)})"
+    note "  #{subject}: #{seconds} s, a row every #{interval} s#{soak_paced_text(soak_pace)} (the server's stderr: #{relative(log)})"
     note soak_header
     server = nil
     begin
@@ -89,9 +89,10 @@ module Bench
     figures
   end
 
-  # ", paced to about R req/s (...)" for a paced run's lines, else "".
-  def soak_paced_text(figures)
-    paced = figures[:paced] or return ""
+  # ", paced to about R req/s (...)" for a run paced as `paced` says ({rate:, wait_ms:}), else "".
+  def soak_paced_text(paced)
+    return "" unless paced
+
     format(", paced to about %d req/s (each of the %d connections waits %d ms before each request)",
            paced[:rate], SOAK_LOAD.sum(&:first), paced[:wait_ms])
   end
@@ -131,7 +132,7 @@ module Bench
     outcomes
   end
 
-  # With --soak-rate R: every connection waits soak_pace_ms before each request (wrk's `delay`), so
+  # With --soak-rate R: every connection waits soak_pace's wait_ms before each request (wrk's `delay`), so
   # the loads together ask about R requests a second while the server answers in much less than
   # that wait. The script's path, written once; nil unpaced.
   def soak_pace_script
@@ -140,12 +141,16 @@ module Bench
     @soak_pace_script ||= File.join(ROOT, "tmp/bench/soak-pace.lua").tap do |path|
       FileUtils.mkdir_p(File.dirname(path))
       File.write(path, "-- bin/bench --soak-rate #{@options[:soak_rate]}: each connection waits before each request\n" \
-                       "function delay()\n  return #{soak_pace_ms}\nend\n")
+                       "function delay()\n  return #{soak_pace[:wait_ms]}\nend\n")
     end
   end
 
-  # The wait before each request, in whole ms (wrk's unit), for --soak-rate.
-  def soak_pace_ms = [(SOAK_LOAD.sum(&:first) * 1000.0 / @options[:soak_rate]).round, 1].max
+  # With --soak-rate: {rate:, wait_ms:}, the wait before each request in whole ms (wrk's unit); nil unpaced.
+  def soak_pace
+    rate = @options[:soak_rate] or return nil
+
+    {rate: rate, wait_ms: [(SOAK_LOAD.sum(&:first) * 1000.0 / rate).round, 1].max}
+  end
 
   # The server's counters (it parks its pipe-making fibers and waits for the HTTP connections to
   # end first), then /proc, then the server goes on.
@@ -287,7 +292,7 @@ module Bench
       puts
       next puts "#{row[:subject]}  n/a: #{row[:skipped]}" if row[:skipped]
 
-      puts "#{row[:subject]}: #{row[:duration_s]} s, a row every #{row[:interval_s]} s#{soak_paced_text(row)}"
+      puts "#{row[:subject]}: #{row[:duration_s]} s, a row every #{row[:interval_s]} s#{soak_paced_text(row[:paced])}"
       puts soak_header
       row[:intervals].each { |interval| puts soak_line(interval) }
       soak_problems(row).each { |line| puts "  #{line}" }
