@@ -204,7 +204,8 @@ module Bench
         end
         o.on("--soak-rate R", Integer, "soak's HTTP load paced to about R requests/s in all (each connection waits",
              "between its requests): its req/s is then the rate asked, not what the CPU the machine gave",
-             "allowed (unpaced: as fast as it serves); the soak's other activities still run flat out") do |r|
+             "allowed (unpaced: as fast as it serves); the soak's other activities rest between rounds,",
+             "so the server has CPU to spare") do |r|
           raise OptionParser::InvalidArgument, "the rate must be positive" unless r.positive?
 
           @options[:soak_rate] = r

@@ -76,7 +76,7 @@ module Bench
     note soak_header
     server = nil
     begin
-      server = start_server([*ruby, "bench/servers/soak_server.rb", subject], mode: "r+", err: log)
+      server = start_server([*ruby, "bench/servers/soak_server.rb", subject, *("--paced" if soak_pace)], mode: "r+", err: log)
       soak_rows(server, seconds, interval, figures)
     rescue Failure, Timeout::Error, SystemCallError, JSON::ParserError => e
       figures[:error] = soak_death(server, log) || e.message.lines.first.strip
@@ -89,12 +89,16 @@ module Bench
     figures
   end
 
-  # ", paced to about R req/s (...)" for a run paced as `paced` says ({rate:, wait_ms:}), else "".
+  # ", paced to R req/s (...)" for a run paced as `paced` (soak_pace's hash) says, else "".
   def soak_paced_text(paced)
     return "" unless paced
 
-    format(", paced to about %d req/s (each of the %d connections waits %d ms before each request)",
-           paced[:rate], SOAK_LOAD.sum(&:first), paced[:wait_ms])
+    if paced[:wait_ms]
+      format(", paced to about %d req/s (each of the %d connections waits %d ms before each request)",
+             paced[:rate], SOAK_LOAD.sum(&:first), paced[:wait_ms])
+    else
+      format(", paced to %d req/s (requests start on a fixed schedule; the other activities rest between rounds)", paced[:rate])
+    end
   end
 
   def soak_rows(server, seconds, interval, figures)
@@ -116,8 +120,8 @@ module Bench
 
   # Every wrk load at once, for +seconds+, all on CPU 1; paced with --soak-rate.
   def soak_load(url, seconds)
-    pace = soak_pace_script
     threads = SOAK_LOAD.map do |connections, headers|
+      pace = soak_pace_script(connections)
       arguments = pace ? [*headers, "-s", pace] : headers
       Thread.new { wrk(url, connections, seconds, arguments) }.tap { |t| t.report_on_exception = false }
     end
@@ -132,24 +136,56 @@ module Bench
     outcomes
   end
 
-  # With --soak-rate R: every connection waits soak_pace's wait_ms before each request (wrk's `delay`), so
-  # the loads together ask about R requests a second while the server answers in much less than
-  # that wait. The script's path, written once; nil unpaced.
-  def soak_pace_script
-    return nil unless @options[:soak_rate]
+  # With --soak-rate R, the wrk script of the load of +connections+: its requests start on a fixed
+  # schedule, its share of R (by connections) a second. wrk asks `delay` before each request of
+  # any of the thread's connections; each call takes the schedule's next start, so the load's rate
+  # is the schedule's whatever the responses take (while they take less than its connections can
+  # cover). Behind by a hiccup of wrk's own, it catches up on at most a second of starts. The
+  # clock is LuaJIT's FFI to clock_gettime (wrk's Lua has no clock finer than a second). The
+  # script's path, written once per load; nil unpaced.
+  def soak_pace_script(connections)
+    return nil unless soak_pace
 
-    @soak_pace_script ||= File.join(ROOT, "tmp/bench/soak-pace.lua").tap do |path|
+    (@soak_pace_scripts ||= {})[connections] ||= File.join(ROOT, "tmp/bench/soak-pace-#{connections}.lua").tap do |path|
       FileUtils.mkdir_p(File.dirname(path))
-      File.write(path, "-- bin/bench --soak-rate #{@options[:soak_rate]}: each connection waits before each request\n" \
-                       "function delay()\n  return #{soak_pace[:wait_ms]}\nend\n")
+      File.write(path, soak_pace_lua(connections))
     end
   end
 
-  # With --soak-rate: {rate:, wait_ms:}, the wait before each request in whole ms (wrk's unit); nil unpaced.
+  def soak_pace_lua(connections)
+    period = 1000.0 * SOAK_LOAD.sum(&:first) / (connections * soak_pace[:rate])
+    <<~LUA
+      -- bin/bench --soak-rate #{soak_pace[:rate]}: this load's #{connections} connections start a request every #{format("%.4f", period)} ms in all
+      local ffi = require("ffi")
+      ffi.cdef[[
+      typedef struct { long tv_sec; long tv_nsec; } soak_timespec;
+      int clock_gettime(int clock, soak_timespec *now);
+      ]]
+      local now = ffi.new("soak_timespec")
+      local period = #{period}
+      local slot
+
+      local function clock() -- CLOCK_MONOTONIC, in ms
+        ffi.C.clock_gettime(1, now)
+        return tonumber(now.tv_sec) * 1000 + tonumber(now.tv_nsec) / 1e6
+      end
+
+      function delay()
+        local t = clock()
+        slot = math.max((slot or t) + period, t - 1000)
+        return math.max(slot - t, 0)
+      end
+    LUA
+  end
+
+  # With --soak-rate: {rate:, schedule: true, rest: true}: the HTTP loads start their requests on a
+  # fixed schedule (soak_pace_script), and the server's other activities rest between rounds. A
+  # run saved before either has `wait_ms` instead (each connection waited that long before each
+  # request) and no `rest`. nil unpaced.
   def soak_pace
     rate = @options[:soak_rate] or return nil
 
-    {rate: rate, wait_ms: [(SOAK_LOAD.sum(&:first) * 1000.0 / rate).round, 1].max}
+    {rate: rate, schedule: true, rest: true}
   end
 
   # The server's counters (it parks its pipe-making fibers and waits for the HTTP connections to

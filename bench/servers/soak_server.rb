@@ -9,7 +9,11 @@
 # as an error (the first few distinct ones are kept as samples), and a fiber that stops making
 # progress is reported as stalled.
 #
-#   ruby bench/servers/soak_server.rb SUBJECT      (prints "listening on PORT" first)
+#   ruby bench/servers/soak_server.rb SUBJECT [--paced]   (prints "listening on PORT" first)
+#
+# --paced (bin/bench --soak-rate): the activities that would otherwise run flat out (ping-pong, the
+# producer threads, the close rounds, the Timeout rounds) rest between rounds, so the server has CPU
+# to spare and a row's figures measure the server rather than how much CPU the machine gave it.
 #
 # Then bin/bench talks to it on stdin and stdout, a line each way:
 #   sample  the fibers that open and close pipes stop where they hold the same ones every time,
@@ -45,8 +49,12 @@ module Bench
     # Ping-pong messages are slices of this: both ends compute the n-th message on their own.
     PAYLOAD = Random.new(1).bytes(256 * 1024).freeze
 
-    def initialize(server)
+    # With --paced: seconds each activity rests after a round (producers: at most, between bursts).
+    PACED_REST = {pipes: 0.004, produce: 0.02, close: 0.02, timeout: 0.004}.freeze
+
+    def initialize(server, paced: false)
       @server = server
+      @rest = paced ? PACED_REST : {produce: 0.002}
       @counts = %i[requests pipes sleeps timeouts_done timeouts_fired queued closes woken errors].to_h { |k| [k, 0] }
       @samples = {} # "activity: message" => count, for the first SAMPLES distinct messages
       @thread_errors = Thread::Queue.new # [activity, message] from the Ruby threads
@@ -142,6 +150,7 @@ module Bench
         sequence += 1
         @counts[:pipes] += 1
         beat(name)
+        rest(:pipes)
       end
     ensure
       [there_r, there_w, back_r, back_w].each { |io| io&.close }
@@ -201,6 +210,7 @@ module Bench
           pipe = IO.pipe
         end
         beat(name)
+        rest(:timeout)
       end
     ensure
       pipe&.each(&:close)
@@ -251,7 +261,7 @@ module Bench
       loop do
         i = random.rand(queues.size)
         random.rand(1..16).times { queues[i].push(numbers[i] += 1) }
-        sleep random.rand * 0.002
+        sleep random.rand * @rest[:produce]
       end
     rescue StandardError => e
       @thread_errors.push([:queue, "producer thread: #{e.class}: #{e.message}"])
@@ -336,6 +346,7 @@ module Bench
       end
       @counts[:closes] += 1
       beat(name)
+      rest(:close)
     ensure
       r&.close
       w&.close
@@ -398,6 +409,12 @@ module Bench
       @beats[name] = clock
     end
 
+    # Paced, the rest after a round of `activity`; unpaced, none.
+    def rest(activity)
+      seconds = @rest[activity]
+      sleep seconds if seconds
+    end
+
     # The counters, once the close rounds have paused and the connections wrk left have ended.
     def sample
       @paused = true
@@ -447,13 +464,13 @@ module Bench
 end
 
 if $PROGRAM_NAME == __FILE__
-  subject = ARGV.fetch(0) { abort "usage: soak.rb evt-<backend>" }
+  subject = ARGV.fetch(0) { abort "usage: soak_server.rb evt-<backend> [--paced]" }
   server = TCPServer.new("127.0.0.1", 0)
   server.listen(1024)
   $stdout.puts "listening on #{server.local_address.ip_port}"
   $stdout.flush
   Bench::Subject.run(subject) do
-    soak = Bench::Soak.new(server)
+    soak = Bench::Soak.new(server, paced: ARGV[1] == "--paced")
     soak.start
     soak.control($stdin, $stdout)
   end
