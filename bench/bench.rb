@@ -197,8 +197,8 @@ module Bench
           @options[:repeat] = n
         end
         o.on("--soak-duration S", Integer, "seconds soak lasts per backend (600; 30 with --quick);",
-             "a row every 60 s, or every 5 s under 2 minutes") do |s|
-          raise OptionParser::InvalidArgument, "soak needs at least 10 s (two rows)" unless s >= 10
+             "a row every 60 s from 3 minutes, else every 5 s") do |s|
+          raise OptionParser::InvalidArgument, "soak needs at least 15 s (a warm-up row and two to compare)" unless s >= 15
 
           @options[:soak] = s
         end

@@ -66,7 +66,7 @@ module Bench
   # the backend's soak with the reason and the start of its stderr; the rows so far stay.
   def soak(subject)
     seconds = @size[:soak]
-    interval = seconds >= 120 ? 60 : 5
+    interval = seconds >= 180 ? 60 : 5 # at least three rows: the verdict's warm-up and two after it
     log = File.join(ROOT, "tmp/bench/soak.#{subject}.stderr")
     FileUtils.mkdir_p(File.dirname(log))
     figures = {duration_s: seconds, interval_s: interval, intervals: [], stderr_file: relative(log)}
