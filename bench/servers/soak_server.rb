@@ -431,9 +431,11 @@ module Bench
       # evt's C holds: a test of its own), and malloc_trim.
       Process.warmup
       # Ruby's objects alive after that full GC: growing while RSS grows is objects kept (by the
-      # program or by evt); RSS growing alone is memory outside Ruby's heap.
+      # program or by evt); RSS growing alone is memory outside Ruby's heap, whose pages (kB) the
+      # sample gives too.
       figures = @counts.merge(connections: @connections, late_ms: (@late * 1e3).round(2), samples: @samples,
-                              live_objects: GC.stat(:heap_live_slots))
+                              live_objects: GC.stat(:heap_live_slots),
+                              heap_kb: GC.stat(:heap_allocated_pages) * GC::INTERNAL_CONSTANTS[:HEAP_PAGE_SIZE] / 1024)
       @late = 0.0
       figures
     end
