@@ -32,6 +32,7 @@ end
 
 require_relative "driver/runner"
 require_relative "driver/tools"
+require_relative "driver/wrk_schedule"
 require_relative "driver/report"
 require_relative "driver/record"
 require_relative "driver/markdown"

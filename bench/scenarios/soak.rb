@@ -137,45 +137,14 @@ module Bench
   end
 
   # With --soak-rate R, the wrk script of the load of +connections+: its requests start on a fixed
-  # schedule, its share of R (by connections) a second. wrk asks `delay` before each request of
-  # any of the thread's connections; each call takes the schedule's next start, so the load's rate
-  # is the schedule's whatever the responses take (while they take less than its connections can
-  # cover). Behind by a hiccup of wrk's own, it catches up on at most a second of starts. The
-  # clock is LuaJIT's FFI to clock_gettime (wrk's Lua has no clock finer than a second). The
-  # script's path, written once per load; nil unpaced.
+  # schedule (Bench::WrkSchedule), its share of R (by connections) a second. The script's path,
+  # written once per load; nil unpaced.
   def soak_pace_script(connections)
     return nil unless soak_pace
 
-    (@soak_pace_scripts ||= {})[connections] ||= File.join(ROOT, "tmp/bench/soak-pace-#{connections}.lua").tap do |path|
-      FileUtils.mkdir_p(File.dirname(path))
-      File.write(path, soak_pace_lua(connections))
-    end
-  end
-
-  def soak_pace_lua(connections)
-    period = 1000.0 * SOAK_LOAD.sum(&:first) / (connections * soak_pace[:rate])
-    <<~LUA
-      -- bin/bench --soak-rate #{soak_pace[:rate]}: this load's #{connections} connections start a request every #{format("%.4f", period)} ms in all
-      local ffi = require("ffi")
-      ffi.cdef[[
-      typedef struct { long tv_sec; long tv_nsec; } soak_timespec;
-      int clock_gettime(int clock, soak_timespec *now);
-      ]]
-      local now = ffi.new("soak_timespec")
-      local period = #{period}
-      local slot
-
-      local function clock() -- CLOCK_MONOTONIC, in ms
-        ffi.C.clock_gettime(1, now)
-        return tonumber(now.tv_sec) * 1000 + tonumber(now.tv_nsec) / 1e6
-      end
-
-      function delay()
-        local t = clock()
-        slot = math.max((slot or t) + period, t - 1000)
-        return math.max(slot - t, 0)
-      end
-    LUA
+    (@soak_pace_scripts ||= {})[connections] ||=
+      WrkSchedule.write(File.join(ROOT, "tmp/bench/soak-pace-#{connections}.lua"), rate: soak_pace[:rate],
+                        connections: connections, share: connections.to_f / SOAK_LOAD.sum(&:first))
   end
 
   # With --soak-rate: {rate:, schedule: true, rest: true}: the HTTP loads start their requests on a

@@ -13,7 +13,7 @@
 # The peers' subjects (async-epoll...) load their gems through Bundler: BUNDLE_WITH=bench.
 require "json"
 require "rbconfig"
-require "fileutils"
+require_relative "../driver/wrk_schedule"
 
 ROOT = File.expand_path("../..", __dir__)
 RATE = 6000
@@ -21,31 +21,6 @@ LOADS = [[50, []], [20, ["-H", "Connection: close"]]].freeze # as bin/bench's so
 subjects = ARGV.fetch(0, "evt-io_uring,async-epoll").split(",")
 samples = Integer(ARGV.fetch(1, "16"))
 seconds = Integer(ARGV.fetch(2, "30"))
-
-# wrk's script for a load of `connections`: its share of RATE, on a fixed schedule (the same Lua
-# as bin/bench --soak-rate writes).
-def pace_script(connections)
-  period = 1000.0 * LOADS.sum(&:first) / (connections * RATE)
-  path = File.join(ROOT, "tmp/bench/soak-memory-#{connections}.lua")
-  FileUtils.mkdir_p(File.dirname(path))
-  File.write(path, <<~LUA)
-    local ffi = require("ffi")
-    ffi.cdef[[
-    typedef struct { long tv_sec; long tv_nsec; } soak_timespec;
-    int clock_gettime(int clock, soak_timespec *now);
-    ]]
-    local now = ffi.new("soak_timespec")
-    local period = #{period}
-    local slot
-    function delay()
-      ffi.C.clock_gettime(1, now)
-      local t = tonumber(now.tv_sec) * 1000 + tonumber(now.tv_nsec) / 1e6
-      slot = math.max((slot or t) + period, t - 1000)
-      return math.max(slot - t, 0)
-    end
-  LUA
-  path
-end
 
 # {total:, brk:} kB of resident memory not lazily freed, in all and in the [heap] mapping.
 def held_kb(pid)
@@ -61,7 +36,10 @@ def held_kb(pid)
 end
 
 mb = ->(kb) { format("%.1f", kb / 1024.0) }
-scripts = LOADS.map { |connections, _| pace_script(connections) }
+scripts = LOADS.map do |connections, _|
+  Bench::WrkSchedule.write(File.join(ROOT, "tmp/bench/soak-memory-#{connections}.lua"), rate: RATE, connections: connections,
+                           share: connections.to_f / LOADS.sum(&:first))
+end
 ruby = [RbConfig.ruby, *("--yjit" if defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled?), "-I#{File.join(ROOT, "lib")}"]
 puts "soak server paced to #{RATE} req/s, a sample every #{seconds} s, Ruby #{RUBY_VERSION}#{" with YJIT" if ruby.include?("--yjit")}"
 subjects.each do |subject|
