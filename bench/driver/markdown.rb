@@ -284,7 +284,7 @@ module Bench
 
         out << "### #{row[:subject]}: #{row[:duration_s]} s, a row every #{row[:interval_s]} s" << ""
         columns = SOAK_COLUMNS.map { |key, title, _, fmt| [key, title, fmt] }
-        out += table(row[:intervals] || [], columns, nil, subject: false)
+        out += table((row[:intervals] || []).map { |interval| SoakScenario.soak_cells(interval) }, columns, nil, subject: false)
         problems = SoakScenario.soak_problems(row)
         out += ["", *problems.map { |line| "- #{line.strip}" }] if problems.any?
         out << "" << "Verdict #{row[:subject]}: **#{row[:verdict]}**"

@@ -10,7 +10,8 @@ module Bench
                  "which Linux takes back when it needs memory: Ruby frees the stacks of ended fibers so, and RSS " \
                  "keeps the stacks of the most fibers ever alive at once; held MB: RSS less lazy MB; steal %: of the " \
                  "server's CPU's time in the row, the share the hypervisor gave to others while this machine had " \
-                 "work for it (/proc/stat): the server cannot serve then, so req/s and p99 move with it; objs k " \
+                 "work for it (/proc/stat): the server cannot serve then, so req/s and p99 move with it; p99 ms: the " \
+                 "keep-alive load's 99th percentile latency (wrk's); objs k " \
                  "(Ruby objects alive, thousands) from GC.stat " \
                  "at the end of each row, with the HTTP connections ended, the fibers that open and close pipes " \
                  "parked where they hold the same ones (so flat means the same count at every row), and " \
@@ -40,7 +41,7 @@ module Bench
   SOAK_COLUMNS = [[:t_s, "t s", 5, "%d"], [:requests, "requests", 9, "%d"], [:errors, "errors", 7, "%d"],
                   [:rss_mb, "RSS MB", 7, "%.1f"], [:lazy_mb, "lazy MB", 8, "%.1f"], [:held_mb, "held MB", 8, "%.1f"],
                   [:objects_k, "objs k", 7, "%.1f"], [:fds, "fds", 5, "%d"], [:cpu_pct, "CPU %", 6, "%.1f"],
-                  [:steal_pct, "steal %", 8, "%.1f"],
+                  [:steal_pct, "steal %", 8, "%.1f"], [:p99_keepalive_ms, "p99 ms", 7, "%.2f"],
                   [:pipes, "pipes", 8, "%d"], [:sleeps, "sleeps", 8, "%d"], [:timeouts, "timeouts", 9, "%d"],
                   [:queued, "queued", 8, "%d"], [:closes, "closes", 7, "%d"], [:late_ms, "late ms", 8, "%.1f"]].freeze
 
@@ -205,6 +206,7 @@ module Bench
 
   # A row of results saved before a column existed shows "-" there.
   def soak_line(row)
+    row = soak_cells(row)
     SOAK_COLUMNS.map { |key, _, width, fmt| (row[key] ? format(fmt, row[key]) : "-").rjust(width) }.join(" ")
   end
 
@@ -329,6 +331,10 @@ module Bench
     end
     lines
   end
-  module_function :soak_problems
+  # A row as SOAK_COLUMNS shows it: its keep-alive load's p99 (the first of p99_ms, one per load).
+  def soak_cells(row)
+    row.merge(p99_keepalive_ms: Array(row[:p99_ms]).first)
+  end
+  module_function :soak_problems, :soak_cells
   end
 end
