@@ -203,10 +203,9 @@ module Bench
 
           @options[:soak] = s
         end
-        o.on("--soak-rate R", Integer, "soak's HTTP load paced to about R requests/s in all (each connection waits",
-             "between its requests): its req/s is then the rate asked, not what the CPU the machine gave",
-             "allowed (unpaced: as fast as it serves); the soak's other activities rest between rounds,",
-             "so the server has CPU to spare") do |r|
+        o.on("--soak-rate R", Integer, "soak paced: its HTTP requests start on a fixed schedule, R a second in all",
+             "(its req/s is then the rate asked, not what the CPU the machine gave allowed), and its other",
+             "activities rest between rounds, so the server has CPU to spare (unpaced: all as fast as it serves)") do |r|
           raise OptionParser::InvalidArgument, "the rate must be positive" unless r.positive?
 
           @options[:soak_rate] = r

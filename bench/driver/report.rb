@@ -219,7 +219,7 @@ module Bench
     when "rails" then "wrk -t1 -c#{@connections} -d#{@size[:duration]}s --timeout #{RailsScenario::TIMEOUT}s, keep-alive"
     when "soak"
       "#{@size[:soak]} s of mixed load on one server per C backend, one backend at a time: " \
-        "#{SOAK_LOAD.map { |c, headers| "wrk -t1 -c#{c} #{headers.empty? ? "keep-alive" : "Connection: close"}" }.join(" and ")} " \
+        "#{Soak::LOADS.map { |c, headers| "wrk -t1 -c#{c} #{headers.empty? ? "keep-alive" : "Connection: close"}" }.join(" and ")} " \
         "at once#{soak_paced_text(soak_pace)}; #{Soak::PINGPONG_PAIRS} pipe pairs ping-ponging checked messages; " \
         "#{Soak::SLEEPERS} fibers sleeping " \
         "0-10 ms; #{Soak::TIMEOUT_FIBERS} fibers in Timeout.timeout(2-10 ms) around sleeps, Queue#pop and pipe reads; " \

@@ -12,13 +12,19 @@ module Bench
   module WrkSchedule
     module_function
 
-    # The script's path (written at `path`) for a load of `connections` that makes `share` of
-    # `rate` requests a second.
-    def write(path, rate:, connections:, share:)
-      period = 1000.0 / (rate * share)
+    # {connections => script path} for each of `loads` ([connections, ...]), written under `prefix`
+    # (prefix-CONNECTIONS.lua): `rate` requests a second in all, each load its share by connections.
+    def scripts(prefix, loads, rate)
+      total = loads.sum(&:first)
+      loads.to_h { |connections, *| [connections, write("#{prefix}-#{connections}.lua", connections, rate * connections.to_f / total)] }
+    end
+
+    # Writes at `path` the script of a load of `connections` that starts `rate` requests a second.
+    def write(path, connections, rate)
+      period = 1000.0 / rate
       FileUtils.mkdir_p(File.dirname(path))
       File.write(path, <<~LUA)
-        -- #{connections} connections start a request every #{format("%.4f", period)} ms in all (#{(rate * share).round} a second)
+        -- #{connections} connections start a request every #{format("%.4f", period)} ms in all (#{rate.round} a second)
         local ffi = require("ffi")
         ffi.cdef[[
         typedef struct { long tv_sec; long tv_nsec; } soak_timespec;

@@ -18,8 +18,6 @@ module Bench
                  "Process.warmup run (full GC, compaction, malloc_trim: RSS is what stays, not garbage or memory " \
                  "malloc keeps free); late ms: the latest a sleeper woke in the row)"
 
-  # soak's HTTP load: two wrk at once, [connections, headers].
-  SOAK_LOAD = [[50, []], [20, ["-H", "Connection: close"]]].freeze
   # soak's targets, after the warm-up: RSS and descriptors at every row within this many % of the
   # first row after it, and req/s and p99 (of the keep-alive load) within SOAK_SPEED_PERCENT.
   SOAK_RSS_PERCENT = 2.0
@@ -96,7 +94,7 @@ module Bench
 
     if paced[:wait_ms]
       format(", paced to about %d req/s (each of the %d connections waits %d ms before each request)",
-             paced[:rate], SOAK_LOAD.sum(&:first), paced[:wait_ms])
+             paced[:rate], Soak::LOADS.sum(&:first), paced[:wait_ms])
     else
       format(", paced to %d req/s (requests start on a fixed schedule; the other activities rest between rounds)", paced[:rate])
     end
@@ -121,7 +119,7 @@ module Bench
 
   # Every wrk load at once, for +seconds+, all on CPU 1; paced with --soak-rate.
   def soak_load(url, seconds)
-    threads = SOAK_LOAD.map do |connections, headers|
+    threads = Soak::LOADS.map do |connections, headers|
       pace = soak_pace_script(connections)
       arguments = pace ? [*headers, "-s", pace] : headers
       Thread.new { wrk(url, connections, seconds, arguments) }.tap { |t| t.report_on_exception = false }
@@ -143,19 +141,14 @@ module Bench
   def soak_pace_script(connections)
     return nil unless soak_pace
 
-    (@soak_pace_scripts ||= {})[connections] ||=
-      WrkSchedule.write(File.join(ROOT, "tmp/bench/soak-pace-#{connections}.lua"), rate: soak_pace[:rate],
-                        connections: connections, share: connections.to_f / SOAK_LOAD.sum(&:first))
+    (@soak_pace_scripts ||= WrkSchedule.scripts(File.join(ROOT, "tmp/bench/soak-pace"), Soak::LOADS, soak_pace[:rate]))[connections]
   end
 
-  # With --soak-rate: {rate:, schedule: true, rest: true}: the HTTP loads start their requests on a
-  # fixed schedule (soak_pace_script), and the server's other activities rest between rounds. A
-  # run saved before either has `wait_ms` instead (each connection waited that long before each
-  # request) and no `rest`. nil unpaced.
+  # With --soak-rate: {rate:}: the HTTP loads start their requests on a fixed schedule
+  # (soak_pace_script), and the server's other activities rest between rounds. A run saved before
+  # either has `wait_ms` too (each connection waited that long before each request). nil unpaced.
   def soak_pace
-    rate = @options[:soak_rate] or return nil
-
-    {rate: rate, schedule: true, rest: true}
+    @options[:soak_rate] && {rate: @options[:soak_rate]}
   end
 
   # The server's counters (it parks its pipe-making fibers and waits for the HTTP connections to

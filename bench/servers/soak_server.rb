@@ -49,6 +49,8 @@ module Bench
     # Ping-pong messages are slices of this: both ends compute the n-th message on their own.
     PAYLOAD = Random.new(1).bytes(256 * 1024).freeze
 
+    # The HTTP load bin/bench drives the server with: two wrk at once, [connections, headers].
+    LOADS = [[50, []], [20, ["-H", "Connection: close"]]].freeze
     # With --paced: seconds each activity rests after a round (producers: at most, between bursts).
     PACED_REST = {pipes: 0.004, produce: 0.02, close: 0.02, timeout: 0.004}.freeze
 

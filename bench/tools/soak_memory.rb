@@ -14,10 +14,10 @@
 require "json"
 require "rbconfig"
 require_relative "../driver/wrk_schedule"
+require_relative "../servers/soak_server"
 
 ROOT = File.expand_path("../..", __dir__)
 RATE = 6000
-LOADS = [[50, []], [20, ["-H", "Connection: close"]]].freeze # as bin/bench's soak
 subjects = ARGV.fetch(0, "evt-io_uring,async-epoll").split(",")
 samples = Integer(ARGV.fetch(1, "16"))
 seconds = Integer(ARGV.fetch(2, "30"))
@@ -36,10 +36,7 @@ def held_kb(pid)
 end
 
 mb = ->(kb) { format("%.1f", kb / 1024.0) }
-scripts = LOADS.map do |connections, _|
-  Bench::WrkSchedule.write(File.join(ROOT, "tmp/bench/soak-memory-#{connections}.lua"), rate: RATE, connections: connections,
-                           share: connections.to_f / LOADS.sum(&:first))
-end
+scripts = Bench::WrkSchedule.scripts(File.join(ROOT, "tmp/bench/soak-memory"), Bench::Soak::LOADS, RATE)
 ruby = [RbConfig.ruby, *("--yjit" if defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled?), "-I#{File.join(ROOT, "lib")}"]
 puts "soak server paced to #{RATE} req/s, a sample every #{seconds} s, Ruby #{RUBY_VERSION}#{" with YJIT" if ruby.include?("--yjit")}"
 subjects.each do |subject|
@@ -50,7 +47,6 @@ subjects.each do |subject|
   puts
   puts "#{subject}   (MB; heap: Ruby's object heap; brk: the main malloc arena; rest: the others, stacks, libraries)"
   puts format("%8s %7s %7s %7s %7s %8s %7s", "t s", "held", "heap", "brk", "rest", "objects", "errors")
-  first = nil
   samples.times do |i|
     server.puts "sample"
     figures = JSON.parse(server.gets.to_s)
@@ -58,13 +54,12 @@ subjects.each do |subject|
     held = held_kb(server.pid)
     rest = held[:total] - figures["heap_kb"] - held[:brk]
     row = [held[:total], figures["heap_kb"], held[:brk], rest]
-    first ||= row
     puts format("%8d %7s %7s %7s %7s %8d %7d", i * seconds, *row.map(&mb), figures["live_objects"], figures["errors"])
     server.puts "resume"
     break if i == samples - 1
 
-    loads = LOADS.zip(scripts).map do |(connections, headers), script|
-      spawn("taskset", "-c", "1", "wrk", "-t1", "-c#{connections}", "-d#{seconds}s", *headers, "-s", script,
+    loads = Bench::Soak::LOADS.map do |connections, headers|
+      spawn("taskset", "-c", "1", "wrk", "-t1", "-c#{connections}", "-d#{seconds}s", *headers, "-s", scripts[connections],
             "http://127.0.0.1:#{port}/", out: File::NULL)
     end
     loads.each { |pid| Process.wait(pid) }
