@@ -286,7 +286,10 @@ transfer_reopen(struct transfer *t)
 /* The running fiber has read EVT_READS_NOW_MAX times without waiting since the loop resumed it, and
  * would read at once again: the other ready fibers, and those whose events the loop has yet to
  * collect, go first (as after sleep(0)). Then the IO is looked at afresh: it may have been closed
- * meanwhile. A selector's loop (async's) keeps its own order. */
+ * meanwhile. A selector's loop (async's) keeps its own order. Never inlined: its wait record would
+ * sit in transfer_single's frame beside the ring's, on the stack of every fiber waiting in a read
+ * (64 bytes more; bench/tools/wait_stack_depth.rb). */
+static NOINLINE(void let_others_run(struct transfer *t));
 static void
 let_others_run(struct transfer *t)
 {
