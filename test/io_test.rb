@@ -223,4 +223,41 @@ class IOTest < Minitest::Test
       assert_equal "line one\nline two\nline three\n", content
     end
   end
+
+  # Where a read that must wait waits. On Ruby 4.0 with a backend that waits for readiness (not
+  # io_uring's ring), a read Ruby tries again itself after EAGAIN (gets, read, readpartial) is handed
+  # EAGAIN by io_read and waits in io_wait, from higher up Ruby's read path: 4.0's frames around
+  # io_read would cost the waiting fiber a second page of stack (docs/benchmarks.md). Elsewhere it
+  # waits inside io_read, as sysread does (it does not try again). Ruby 4.1's io_read hands every read
+  # back. What it reads is the same.
+  def test_where_a_read_that_must_wait_waits
+    hooks = {}
+    read = {}
+    handed_back = single = nil
+    evt do
+      single = (SELECT ? Evt::SelectLoop::INTERFACE : Evt::Loop::FIBER_SCHEDULER_VERSION) >= 4
+      handed_back = single || (!SELECT && RUBY_VERSION.start_with?("4.0") && Fiber.scheduler.backend != :io_uring)
+      readers = {
+        gets: ->(io) { io.gets }, read: ->(io) { io.read(3) }, readpartial: ->(io) { io.readpartial(10) },
+        sysread: ->(io) { io.sysread(10) }
+      }
+      readers.each do |name, reader|
+        r, w = IO.pipe
+        fiber = Fiber.schedule do
+          read[name] = reader.call(r)
+          r.close
+        end
+        Fiber.schedule do
+          hooks[name] = fiber.backtrace.grep(/[`'](?:[^`']*#)?(io_read|io_wait)'/) { Regexp.last_match(1) }.uniq
+          w.write("ab\n")
+          w.close
+        end
+      end
+    end
+    assert_equal({ gets: "ab\n", read: "ab\n", readpartial: "ab\n", sysread: "ab\n" }, read)
+    %i[gets read readpartial].each do |name|
+      assert_equal [handed_back ? "io_wait" : "io_read"], hooks[name], "#{name}: #{hooks[name].inspect}"
+    end
+    assert_equal ["io_read"], hooks[:sysread] unless single
+  end
 end

@@ -26,6 +26,7 @@
 #include <ruby/debug.h>
 #include <ruby/fiber/scheduler.h>
 #include <ruby/io/buffer.h>
+#include <ruby/version.h>
 
 #ifndef RUBY_FIBER_SCHEDULER_VERSION
 #define RUBY_FIBER_SCHEDULER_VERSION 1
@@ -233,17 +234,29 @@ route_of(struct evt_loop *loop, struct evt_registration *reg, off_t position, in
     return ROUTE_RING;
 }
 
-/* Whether read_nonblock called this hook: the one reader that must not wait. sysread comes with the
- * same arguments and must wait (it does not try again after EAGAIN), so the stack says which. */
-static int
-called_by_read_nonblock(void)
+/* Who made a read of length 0 (Ruby 3.3 to 4.0 make all theirs so), by the method that called this
+ * hook (Ruby's own frames name the same arguments alike). */
+enum reader {
+    READER_WAITS,     /* sysread, and any caller not named below: waits here for at least a byte */
+    READER_RETRIES,   /* read, readpartial (and io_fillbuf, told by its buffer): waits and tries again
+                         itself after EAGAIN */
+    READER_NONBLOCK   /* read_nonblock: must not wait */
+};
+
+static enum reader
+reader_calling(void)
 {
     VALUE frames[2];
     int lines[2];
     /* Frame 0 is this hook. (Ruby 3.3's `start` does not count C frames: ask from the top.) */
-    if (rb_profile_frames(0, 2, frames, lines) < 2) return 0;
+    if (rb_profile_frames(0, 2, frames, lines) < 2) return READER_WAITS;
     VALUE name = rb_profile_frame_method_name(frames[1]);
-    return RB_TYPE_P(name, T_STRING) && RSTRING_LEN(name) == 13 && memcmp(RSTRING_PTR(name), "read_nonblock", 13) == 0;
+    if (!RB_TYPE_P(name, T_STRING)) return READER_WAITS;
+    const char *s = RSTRING_PTR(name);
+    long n = RSTRING_LEN(name);
+    if (n == 13 && memcmp(s, "read_nonblock", 13) == 0) return READER_NONBLOCK;
+    if ((n == 4 && memcmp(s, "read", 4) == 0) || (n == 11 && memcmp(s, "readpartial", 11) == 0)) return READER_RETRIES;
+    return READER_WAITS;
 }
 
 /* ---- the primitive ------------------------------------------------------------------------------ */
@@ -469,6 +482,23 @@ loop_io_pwrite_single(VALUE self, VALUE io, VALUE buffer, VALUE from, VALUE offs
     return pwrite_direct(io, buffer, NUM2OFFT(from), NUM2SIZET(offset), NUM2SIZET(length), 1);
 }
 
+/* Whether a reader that tries again itself is handed EAGAIN, to wait through io_wait, rather than
+ * waited for here. On Ruby 4.0 it is, where no ring does the read: 4.0 wraps each call of io_read in
+ * frames of its own (rb_thread_io_blocking_operation, an rb_ensure), and a fiber waiting at the bottom
+ * of them keeps a second 4 KiB page of stack; io_wait is called from higher up Ruby's read path
+ * (bench/tools/wait_stack_depth.rb). Not under an IO#timeout: Ruby's io_wait would raise its own
+ * IO::TimeoutError message, not the one a read gets without a scheduler. Ruby 4.1's io_read_single
+ * hands back EAGAIN always. */
+static int
+hand_back_wait(const struct transfer *t)
+{
+#if RUBY_API_VERSION_MAJOR >= 4
+    return route_of(t->loop, t->reg, t->position, 1, EVT_READABLE) == ROUTE_NOW && NIL_P(rb_io_timeout(t->io));
+#else
+    return 0;
+#endif
+}
+
 /* ---- Ruby 3.3 to 4.0's hooks: at least `length` bytes, built on the primitive ---------------------- */
 
 static VALUE
@@ -493,7 +523,9 @@ transfer_minimum_hook(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VA
             rb_io_buffer_get_bytes_for_reading(buffer, &base, &size);
             /* io_fillbuf (gets, read, eof?...) tries again after EAGAIN whatever happens, so it
              * may wait here; read_nonblock and readpartial read into the caller's string. */
-            if (evt_rubyio_is_read_buffer(t.io, base) || (!selector && !called_by_read_nonblock())) length = 1;
+            int fill = evt_rubyio_is_read_buffer(t.io, base);
+            enum reader reader = fill ? READER_RETRIES : selector ? READER_NONBLOCK : reader_calling();
+            if (reader == READER_WAITS || (reader == READER_RETRIES && (selector || !hand_back_wait(&t)))) length = 1;
         }
     }
     for (;;) {
