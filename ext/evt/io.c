@@ -522,7 +522,8 @@ transfer_minimum_hook(VALUE self, VALUE io, VALUE buffer, VALUE length_value, VA
             size_t size;
             rb_io_buffer_get_bytes_for_reading(buffer, &base, &size);
             /* io_fillbuf (gets, read, eof?...) tries again after EAGAIN whatever happens, so it
-             * may wait here; read_nonblock and readpartial read into the caller's string. */
+             * may wait here, or hand the wait back; a selector's caller gets one try, unless Ruby
+             * fills the IO's buffer through it; the others as reader_calling says. */
             int fill = evt_rubyio_is_read_buffer(t.io, base);
             enum reader reader = fill ? READER_RETRIES : selector ? READER_NONBLOCK : reader_calling();
             if (reader == READER_WAITS || (reader == READER_RETRIES && (selector || !hand_back_wait(&t)))) length = 1;
