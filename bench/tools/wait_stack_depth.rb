@@ -13,8 +13,9 @@
 #   ruby [--yjit] bench/tools/wait_stack_depth.rb [BACKEND] [KIND ...]   (epoll; every kind)
 #   WAITERS=1 ruby ...   the first fiber instead (default 200)
 #
-# KIND: sleep, wait_readable, gets, read (IO#read(1)). Needs gdb, and Ruby's symbols (a Ruby built
-# with -g, as bin/setup's are). bench/tools/fiber_memory_by_wait.rb measures the same through RSS.
+# KIND: sleep, wait_readable, gets, read (IO#read(1)), readpartial. Needs gdb, and Ruby's symbols
+# (a Ruby built with -g, as bin/setup's are). bench/tools/fiber_memory_by_wait.rb measures the same
+# through RSS.
 require "rbconfig"
 require "tmpdir"
 
@@ -24,7 +25,8 @@ KINDS = {
   "sleep" => ["sleep", "rb_f_sleep"],
   "wait_readable" => ["a.wait_readable", "io_wait_readable"],
   "gets" => ["a.gets", "rb_io_gets_m"],
-  "read" => ["a.read(1)", "io_read"]
+  "read" => ["a.read(1)", "io_read"],
+  "readpartial" => ["a.readpartial(10)", "io_readpartial"]
 }.freeze
 PAGE = 4096
 SWITCH_PUSH = 48 # what coroutine_transfer pushes below the point gdb stops at (callee-saved registers)
