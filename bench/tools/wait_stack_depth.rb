@@ -109,10 +109,8 @@ Dir.mktmpdir do |dir|
     depth = top - deepest
     pages = (((top - 1) / PAGE) - (deepest / PAGE)) + 1
     # A frame's size is the distance from its stack pointer to its caller's.
-    sizes = frames.each_cons(2).map { |(name, sp, ours), (_, outer, _)| [name, outer - sp, ours] }
-    first_evt = sizes.index { |_, _, ours| ours }
-    last_evt = sizes.rindex { |_, _, ours| ours }
-    evt = first_evt ? sizes[first_evt..last_evt].sum { |_, size, ours| ours ? size : 0 } : 0
+    evt = frames.each_cons(2).sum { |(_, sp, ours), (_, outer, _)| ours ? outer - sp : 0 }
+    last_evt = frames.rindex { |_, _, ours| ours }
     above = last_evt ? top - frames[last_evt + 1][1] : depth
     puts format("  %-14s %7d %6d %12d %6d %12d", kind, depth, pages, above, evt, depth - above - evt)
   end
