@@ -1,0 +1,44 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "tmpdir"
+require_relative "support/limited_run"
+
+# test/support/limited_run.rb, which test/peers/run runs each peer's suite with: a run past its limit
+# is stopped with every process it started, and says where each one was waiting.
+class LimitedRunTest < Minitest::Test
+  def test_a_command_within_its_limit_gives_its_whole_output
+    output, stopped = LimitedRun.call({ "WORD" => "fine" }, ["sh", "-c", 'echo "$WORD"; echo err >&2; pwd'],
+                                      dir: Dir.tmpdir, limit: 60)
+    refute stopped
+    assert_equal ["fine", "err", File.realpath(Dir.tmpdir)], output.lines.map(&:chomp)
+  end
+
+  def test_a_hung_command_is_stopped_with_its_children_and_their_waits_listed
+    Dir.mktmpdir do |dir|
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      # A child that ignores TERM, as a deadlocked one would not hear it: KILL must follow.
+      output, stopped = LimitedRun.call({}, ["sh", "-c", "echo begun; sh -c 'trap \"\" TERM; sleep 300' & sleep 300"],
+                                        dir: dir, limit: 1, grace: 1)
+      took = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+      assert stopped
+      assert_operator took, :<, 60, "stopped within the limit and the grace times"
+      assert_match(/\Abegun\n/, output)
+      assert_match(/^processes still running/, output)
+      sleeps = output.lines.grep(/\A  \d+ S \[\d+:\w+\] sleep 300$/)
+      assert_equal 2, sleeps.size, output # both sleeps, each with its kernel wait
+      assert_match(/\(stopped after 1 s\)\n\z/, output)
+      pids = output.scan(/^  (\d+) /).flatten.map(&:to_i)
+      refute_empty pids
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30 # a killed process takes a moment to end
+      sleep 0.05 until pids.none? { |pid| running?(pid) } || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      pids.each { |pid| refute running?(pid), "#{pid} still runs" }
+    end
+  end
+
+  def running?(pid)
+    !File.read("/proc/#{pid}/stat").split(") ").last.start_with?("Z")
+  rescue Errno::ENOENT, Errno::ESRCH
+    false
+  end
+end
