@@ -19,20 +19,33 @@ class LimitedRunTest < Minitest::Test
       started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
       # A child that ignores TERM, as a deadlocked one would not hear it: KILL must follow.
       output, stopped = LimitedRun.call({}, ["sh", "-c", "echo begun; sh -c 'trap \"\" TERM; sleep 300' & sleep 300"],
-                                        dir: dir, limit: 1, grace: 1)
+                                        dir: dir, limit: 3, grace: 1)
       took = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
       assert stopped
       assert_operator took, :<, 60, "stopped within the limit and the grace times"
       assert_match(/\Abegun\n/, output)
       assert_match(/^processes still running/, output)
-      sleeps = output.lines.grep(/\A  \d+ S \[\d+:\w+\] sleep 300$/)
+      sleeps = output.lines.grep(/\A  \d+ S \[\d+:[^\]]*\] sleep 300$/)
       assert_equal 2, sleeps.size, output # both sleeps, each with its kernel wait
-      assert_match(/\(stopped after 1 s\)\n\z/, output)
+      assert_match(/\(stopped after 3 s\)\n\z/, output)
       pids = output.scan(/^  (\d+) /).flatten.map(&:to_i)
       refute_empty pids
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30 # a killed process takes a moment to end
       sleep 0.05 until pids.none? { |pid| running?(pid) } || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
       pids.each { |pid| refute running?(pid), "#{pid} still runs" }
+    end
+  end
+
+  def test_a_command_that_leaves_a_child_holding_its_output_is_stopped_too
+    Dir.mktmpdir do |dir|
+      # The command ends at once, in any encoding; the child it leaves keeps the output open.
+      output, stopped = LimitedRun.call({}, ["sh", "-c", "printf '\\360\\237\\244\\224 done\\n\\377\\n'; sleep 300 &"],
+                                        dir: dir, limit: 3, grace: 1)
+      assert stopped
+      assert_equal Encoding::UTF_8, output.encoding
+      assert output.valid_encoding?
+      assert_equal "\u{1F914} done\n\u{FFFD}\n", output.lines.first(2).join
+      assert_equal 1, output.lines.grep(/ sleep 300$/).size, output
     end
   end
 

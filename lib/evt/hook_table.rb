@@ -52,7 +52,7 @@ module Evt
                       note: "Ruby 3.3 gets IO::TimeoutError from the Ruby half"),
     io_read: Hook.new(call: "io_read(io, buffer, length, offset); 4.1: (io, buffer, offset, length)", rubies: "3.3+",
                       c: "io.c",
-                      note: "one transfer primitive under both conventions; on 4.0, a read Ruby retries goes to io_wait (on io_uring IO#read alone)"),
+                      note: "one transfer primitive under both conventions; on 4.0, a read Ruby retries goes to io_wait (on io_uring IO#read(length) alone)"),
     io_write: Hook.new(call: "io_write(io, buffer, length, offset); 4.1: (io, buffer, offset, length)", rubies: "3.3+",
                        c: "io.c"),
     io_pread: Hook.new(call: "io_pread(io, buffer, from, length, offset); 4.1: (.., from, offset, length)",

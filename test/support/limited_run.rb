@@ -5,53 +5,85 @@
 # each thread sits in, taken before the group is stopped (TERM, then KILL), so a hang says where it
 # was: evt's loop, a forked child, a lock.
 module LimitedRun
-  # Seconds between TERM and KILL, and the longest wait for the output of a process that left the group.
+  # Seconds given after TERM, after KILL, for the command to be reaped, and to a process that keeps
+  # the output open after it (a process that left the group is not waited for longer).
   GRACE = 10
 
   module_function
 
   # @return [Array(String, Boolean)] the output (UTF-8, scrubbed) and whether it was stopped
   def call(env, command, dir:, limit:, grace: GRACE)
+    output = String.new(encoding: Encoding::BINARY)
     reader, writer = IO.pipe
-    pid = Process.spawn(env, *command, chdir: dir, out: writer, err: writer, pgroup: true)
-    writer.close
-    output = +""
+    begin
+      pid = Process.spawn(env, *command, chdir: dir, out: writer, err: writer, pgroup: true)
+    ensure
+      writer.close
+    end
     collector = Thread.new do
       output << reader.readpartial(65_536) while true
     rescue EOFError, IOError
-      nil
+      nil # the end, or the reader closed below
     end
-    stopped = !collector.join(limit)
-    if stopped
-      output << "\n#{processes(pid)}\n(stopped after #{limit} s)\n"
-      %w[TERM KILL].each do |signal|
-        Process.kill(signal, -pid)
-        break if collector.join(grace)
-      rescue Errno::ESRCH
-        break
+    begin
+      stopped = !collector.join(limit)
+      stop(pid, output, limit) { collector.join(grace) } if stopped
+      pid = nil if reaped?(pid, grace)
+    ensure
+      if pid # not reaped (an exception, or a process that does not end): what is left goes, unwaited
+        signal(:KILL, pid)
+        Process.detach(pid)
       end
+      collector.join(grace)
+      reader.close # ends a collector still reading (a process that left the group holds the pipe)
+      collector.join
     end
-    Process.wait(pid)
-    collector.join(grace)
-    [output.force_encoding(Encoding::UTF_8).scrub, stopped]
-  ensure
-    reader&.close
-    collector&.join
+    [output.dup.force_encoding(Encoding::UTF_8).scrub, stopped]
   end
 
-  # One line per process of the group `pgid`: pid, state, [thread:kernel wait ...], command.
+  # The group's processes listed into `output`, then TERM, then KILL, until the block says the
+  # output ended.
+  def stop(pid, output, limit)
+    output << "\n".b << processes(pid) << "\n(stopped after #{limit} s)\n".b
+    %i[TERM KILL].each do |name|
+      break unless signal(name, pid)
+      break if yield
+    end
+  end
+
+  # Sends `name` to the group `pid` leads: false when none of it is left.
+  def signal(name, pid)
+    Process.kill(name, -pid)
+    true
+  rescue Errno::ESRCH
+    false
+  end
+
+  # Whether `pid` ended within `seconds`, reaped.
+  def reaped?(pid, seconds)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    until Process.wait(pid, Process::WNOHANG)
+      return false if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+      sleep 0.05
+    end
+    true
+  end
+
+  # One line per process of the group `pgid`: pid, state, [thread:kernel wait ...], command (bytes:
+  # a command line may be in any encoding).
   def processes(pgid)
     lines = Dir["/proc/[0-9]*/stat"].sort.filter_map do |stat|
-      fields = File.read(stat).split(") ").last.split # after "pid (comm)": state, ppid, pgrp, ...
+      fields = File.binread(stat).split(") ".b).last.split # after "pid (comm)": state, ppid, pgrp, ...
       next unless fields[2].to_i == pgid
 
       dir = File.dirname(stat)
-      threads = Dir["#{dir}/task/*/wchan"].map { |wchan| "#{wchan.split("/")[-2]}:#{File.read(wchan)}" }
-      command = File.read("#{dir}/cmdline").tr("\0", " ").strip[0, 120]
-      "  #{File.basename(dir)} #{fields[0]} [#{threads.join(" ")}] #{command}"
+      threads = Dir["#{dir}/task/*/wchan"].map { |wchan| "#{wchan.split("/")[-2]}:".b + File.binread(wchan) }
+      command = File.binread("#{dir}/cmdline").tr("\0".b, " ".b).strip[0, 120]
+      ["  ".b, File.basename(dir).b, " ".b, fields[0], " [".b, threads.join(" ".b), "] ".b, command].join
     rescue Errno::ENOENT, Errno::ESRCH
       nil # ended meanwhile
     end
-    "processes still running (pid, state, [thread:kernel wait], command):\n#{lines.join("\n")}"
+    "processes still running (pid, state, [thread:kernel wait], command):\n".b + lines.join("\n".b)
   end
 end
