@@ -8,10 +8,30 @@ require_relative "support/limited_run"
 # is stopped with every process it started, and says where each one was waiting.
 class LimitedRunTest < Minitest::Test
   def test_a_command_within_its_limit_gives_its_whole_output
-    output, stopped = LimitedRun.call({ "WORD" => "fine" }, ["sh", "-c", 'echo "$WORD"; echo err >&2; pwd'],
-                                      dir: Dir.tmpdir, limit: 60)
+    output, stopped, status = LimitedRun.call({ "WORD" => "fine" }, ["sh", "-c", 'echo "$WORD"; echo err >&2; pwd; exit 3'],
+                                              dir: Dir.tmpdir, limit: 60)
     refute stopped
     assert_equal ["fine", "err", File.realpath(Dir.tmpdir)], output.lines.map(&:chomp)
+    assert_equal 3, status.exitstatus
+  end
+
+  # What test/stress/run lists and kills when a program hangs: the processes it started, and theirs.
+  def test_descendants_are_the_processes_a_process_started_and_theirs
+    reader, writer = IO.pipe
+    pid = Process.spawn("sh", "-c", "sh -c 'sleep 300 & echo $!; wait' & echo $!; wait", out: writer)
+    writer.close
+    inner, sleeper = reader.gets.to_i, reader.gets.to_i
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30 # until the sleeper has become sleep
+    sleep 0.01 until File.binread("/proc/#{sleeper}/cmdline").start_with?("sleep") || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    assert_equal [inner, sleeper].sort, (LimitedRun.descendants(pid) & [inner, sleeper]).sort
+    refute_includes LimitedRun.descendants(pid), pid
+    assert_equal [], LimitedRun.descendants(sleeper)
+    listed = LimitedRun.describe([sleeper, inner])
+    assert_match(/\A  #{inner} [RS] \[#{inner}:\S+\] sh -c sleep 300 & echo \$!; wait\n  #{sleeper} [RS] \[#{sleeper}:\S+\] sleep 300\z/, listed)
+  ensure
+    [sleeper, inner, pid].compact.each { |each| Process.kill(:KILL, each) rescue SystemCallError } # rubocop:disable Style/RescueModifier
+    Process.wait(pid) if pid
+    reader&.close
   end
 
   def test_a_hung_command_is_stopped_with_its_children_and_their_waits_listed

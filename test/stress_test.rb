@@ -1,27 +1,34 @@
 # frozen_string_literal: true
 
 require "test_helper"
-require "open3"
 require "rbconfig"
+require_relative "support/limited_run"
 
 # The stress tester (test/stress/): random concurrent programs whose outcome is known before they
 # run, on this run's backend, for EVT_STRESS_SECONDS (bin/test: a minute on every backend of the
 # newest Ruby, 20 s on the others; 20 s alone). The programs start from a seed made from minitest's,
 # so a run is repeated by its seed; a failing or hung program is printed with the command that
-# reruns it alone. bin/stress is the long campaign.
+# reruns it alone. The run itself has a limit (its seconds, a program's limit, a margin): past it, or
+# when a process it started still holds its output, the processes left are listed with their kernel
+# waits and stopped (test/support/limited_run.rb), and the test fails with what the run printed.
+# bin/stress is the long campaign.
 class StressTest < Minitest::Test
   ROOT = File.expand_path("..", __dir__)
+  # Seconds before a program counts as hung (test/stress/run --limit).
+  PROGRAM_LIMIT = 30
 
   def test_random_programs_get_their_known_outcomes
     seconds = Float(ENV.fetch("EVT_STRESS_SECONDS", "20"))
     seed = Minitest.seed * 1000
-    out, status = Open3.capture2e({ "RUBYOPT" => nil }, RbConfig.ruby, "-W0", "-I#{File.join(ROOT, "lib")}",
-                                  File.join(ROOT, "test/stress/run"), "--seed", seed.to_s, "--seconds", seconds.to_s)
+    command = [RbConfig.ruby, "-W0", "-I#{File.join(ROOT, "lib")}", File.join(ROOT, "test/stress/run"),
+               "--seed", seed.to_s, "--seconds", seconds.to_s, "--limit", PROGRAM_LIMIT.to_s]
+    out, stopped, status = LimitedRun.call({ "RUBYOPT" => nil }, command, dir: ROOT, limit: seconds + PROGRAM_LIMIT + 30)
+    refute stopped, "test/stress/run was stopped at its limit:\n#{out}"
     summary = out[/^stress: (\d+) programs, (\d+) failed, (\d+) hung .*$/]
     assert summary, "test/stress/run ended without its summary (status #{status.inspect}):\n#{out}"
     ran, failed, hung = Regexp.last_match.captures.map(&:to_i)
     assert_operator ran, :>, 0, out
     assert_equal [0, 0], [failed, hung], out
-    assert status.success?, out
+    assert status&.success?, "status #{status.inspect}:\n#{out}"
   end
 end

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# A command run within a time limit, for test/peers/run: its output (stdout and stderr together),
+# A command run within a time limit, for test/peers/run and the stress test: its output (stdout and stderr together),
 # and when it is still going at the limit, a list of every process of its group with the kernel wait
 # each thread sits in, taken before the group is stopped (TERM, then KILL), so a hang says where it
 # was: evt's loop, a forked child, a lock.
@@ -11,9 +11,11 @@ module LimitedRun
 
   module_function
 
-  # @return [Array(String, Boolean)] the output (UTF-8, scrubbed) and whether it was stopped
+  # @return [Array(String, Boolean, Process::Status)] the output (UTF-8, scrubbed), whether it was
+  #   stopped, and how the command ended (nil when it was not reaped)
   def call(env, command, dir:, limit:, grace: GRACE)
     output = String.new(encoding: Encoding::BINARY)
+    status = nil
     reader, writer = IO.pipe
     begin
       pid = Process.spawn(env, *command, chdir: dir, out: writer, err: writer, pgroup: true)
@@ -28,7 +30,7 @@ module LimitedRun
     begin
       stopped = !collector.join(limit)
       stop(pid, output, limit) { collector.join(grace) } if stopped
-      pid = nil if reaped?(pid, grace)
+      pid = nil if (status = reaped(pid, grace))
     ensure
       if pid # not reaped (an exception, or a process that does not end): what is left goes, unwaited
         signal(:KILL, pid)
@@ -38,7 +40,7 @@ module LimitedRun
       reader.close # ends a collector still reading (a process that left the group holds the pipe)
       collector.join
     end
-    [output.dup.force_encoding(Encoding::UTF_8).scrub, stopped]
+    [output.dup.force_encoding(Encoding::UTF_8).scrub, stopped, status]
   end
 
   # The group's processes listed into `output`, then TERM, then KILL, until the block says the
@@ -59,31 +61,57 @@ module LimitedRun
     false
   end
 
-  # Whether `pid` ended within `seconds`, reaped.
-  def reaped?(pid, seconds)
+  # `pid`'s status once it ended within `seconds`, reaped; else nil.
+  def reaped(pid, seconds)
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
-    until Process.wait(pid, Process::WNOHANG)
-      return false if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    until (status = Process::Status.wait(pid, Process::WNOHANG))
+      return nil if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
 
       sleep 0.05
     end
-    true
+    status
   end
 
   # One line per process of the group `pgid`: pid, state, [thread:kernel wait ...], command (bytes:
   # a command line may be in any encoding).
   def processes(pgid)
-    lines = Dir["/proc/[0-9]*/stat"].sort.filter_map do |stat|
-      fields = File.binread(stat).split(") ".b).last.split # after "pid (comm)": state, ppid, pgrp, ...
-      next unless fields[2].to_i == pgid
+    "processes still running (pid, state, [thread:kernel wait], command):\n".b +
+      describe(table.select { |_, (_, _, group)| group == pgid }.keys)
+  end
 
-      dir = File.dirname(stat)
+  # The processes `pid` started, and theirs, that are still there.
+  def descendants(pid)
+    children = table.each_with_object(Hash.new { |hash, key| hash[key] = [] }) { |(each, (_, parent)), by| by[parent] << each }
+    found = []
+    pending = [pid]
+    until pending.empty?
+      found.concat(kids = children[pending.shift])
+      pending.concat(kids)
+    end
+    found
+  end
+
+  # Every process now: pid => [state, parent pid, group] (bytes).
+  def table
+    Dir["/proc/[0-9]*/stat"].to_h do |stat|
+      fields = File.binread(stat).split(") ".b).last.split # after "pid (comm)": state, ppid, pgrp, ...
+      [File.basename(File.dirname(stat)).to_i, [fields[0], fields[1].to_i, fields[2].to_i]]
+    rescue Errno::ENOENT, Errno::ESRCH
+      [0, nil] # ended meanwhile
+    end.reject { |_, row| row.nil? }
+  end
+
+  # One line per process of `pids` still there: pid, state, [thread:kernel wait ...], command.
+  def describe(pids)
+    lines = pids.sort.filter_map do |pid|
+      dir = "/proc/#{pid}"
+      state = File.binread("#{dir}/stat").split(") ".b).last.split.first
       threads = Dir["#{dir}/task/*/wchan"].map { |wchan| "#{wchan.split("/")[-2]}:".b + File.binread(wchan) }
       command = File.binread("#{dir}/cmdline").tr("\0".b, " ".b).strip[0, 120]
-      ["  ".b, File.basename(dir).b, " ".b, fields[0], " [".b, threads.join(" ".b), "] ".b, command].join
+      ["  ".b, pid.to_s.b, " ".b, state, " [".b, threads.join(" ".b), "] ".b, command].join
     rescue Errno::ENOENT, Errno::ESRCH
       nil # ended meanwhile
     end
-    "processes still running (pid, state, [thread:kernel wait], command):\n".b + lines.join("\n".b)
+    lines.join("\n".b)
   end
 end
