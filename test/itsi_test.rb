@@ -3,6 +3,7 @@
 require "test_helper"
 require "net/http"
 require "rbconfig"
+require_relative "support/limited_run"
 
 # Itsi (the itsi-server gem, a Rack server written in Rust) with `fiber_scheduler "Evt::Scheduler"`,
 # run as its users run it: the `itsi` command, in a process of its own, on whatever backend
@@ -121,7 +122,10 @@ class ItsiTest < Minitest::Test
         _, status = begin
           Timeout.timeout(TIMEOUT * 3) { Process.wait2(pid) }
         rescue Timeout::Error
-          flunk "Itsi did not end #{TIMEOUT * 3} s after SIGTERM\n#{server_log}"
+          # Where each of its processes waits, before they are killed: in a fork stuck in libasan or
+          # in Ruby 3.4 (docs/testing.md), or in Itsi's own shutdown.
+          listing = LimitedRun.processes(pid).dup.force_encoding(Encoding::UTF_8).scrub
+          flunk "Itsi did not end #{TIMEOUT * 3} s after SIGTERM\n#{listing}\n#{server_log}"
         end
         pid = nil
         assert status.success?, "Itsi ended with #{status.inspect} on SIGTERM\n#{server_log}"

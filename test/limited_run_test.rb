@@ -18,16 +18,20 @@ class LimitedRunTest < Minitest::Test
   # What test/stress/run lists and kills when a program hangs: the processes it started, and theirs.
   def test_descendants_are_the_processes_a_process_started_and_theirs
     reader, writer = IO.pipe
-    pid = Process.spawn("sh", "-c", "sh -c 'sleep 300 & echo $!; wait' & echo $!; wait", out: writer)
+    pid = Process.spawn("sh", "-c", "sh -c 'sleep 300 & echo sleeper $!; wait' & echo inner $!; wait", out: writer)
     writer.close
-    inner, sleeper = reader.gets.to_i, reader.gets.to_i
+    said = Array.new(2) { reader.gets.split }.to_h # in either order
+    inner, sleeper = said.fetch("inner").to_i, said.fetch("sleeper").to_i
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30 # until the sleeper has become sleep
     sleep 0.01 until File.binread("/proc/#{sleeper}/cmdline").start_with?("sleep") || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
     assert_equal [inner, sleeper].sort, (LimitedRun.descendants(pid) & [inner, sleeper]).sort
     refute_includes LimitedRun.descendants(pid), pid
     assert_equal [], LimitedRun.descendants(sleeper)
     listed = LimitedRun.describe([sleeper, inner])
-    assert_match(/\A  #{inner} [RS] \[#{inner}:\S+\] sh -c sleep 300 & echo \$!; wait\n  #{sleeper} [RS] \[#{sleeper}:\S+\] sleep 300\z/, listed)
+    lines = listed.lines.map(&:chomp)
+    assert_equal 2, lines.size, listed
+    assert_equal 1, lines.grep(/\A  #{inner} [RS] \[#{inner}:\S+\] sh -c sleep 300 & echo sleeper \$!; wait\z/).size, listed
+    assert_equal 1, lines.grep(/\A  #{sleeper} [RS] \[#{sleeper}:\S+\] sleep 300\z/).size, listed
   ensure
     [sleeper, inner, pid].compact.each { |each| Process.kill(:KILL, each) rescue SystemCallError } # rubocop:disable Style/RescueModifier
     Process.wait(pid) if pid
@@ -67,6 +71,21 @@ class LimitedRunTest < Minitest::Test
       assert_equal "\u{1F914} done\n\u{FFFD}\n", output.lines.first(2).join
       assert_equal 1, output.lines.grep(/ sleep 300$/).size, output
     end
+  end
+
+  # test/peers/run's second run for a suite stopped by Ruby 3.4's fork hang: only a process with one
+  # thread, in a futex wait, on 3.4.
+  def test_rubys_fork_hang_is_one_thread_in_a_futex_wait_on_ruby_3_4
+    stuck = "  4242 S [4242:futex_do_wait] /usr/bin/ruby sus\n"
+    listing = "processes still running (pid, state, [thread:kernel wait], command):\n" \
+              "  4200 S [4200:do_epoll_wait 4201:futex_do_wait] /usr/bin/ruby sus\n#{stuck}\n(stopped after 3 s)\n"
+    assert_equal stuck, LimitedRun.rubys_fork_hang(listing, ruby: "3.4.5")
+    assert_nil LimitedRun.rubys_fork_hang(listing, ruby: "4.0.0")
+    assert_nil LimitedRun.rubys_fork_hang(listing, ruby: "3.3.8")
+    two_threads = listing.sub(stuck, "  4242 S [4242:futex_do_wait 4243:do_epoll_wait] /usr/bin/ruby sus\n")
+    assert_nil LimitedRun.rubys_fork_hang(two_threads, ruby: "3.4.5")
+    other_wait = listing.sub(stuck, "  4242 S [4242:pipe_read] /usr/bin/ruby sus\n")
+    assert_nil LimitedRun.rubys_fork_hang(other_wait, ruby: "3.4.5")
   end
 
   def running?(pid)

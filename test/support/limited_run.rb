@@ -72,6 +72,17 @@ module LimitedRun
     status
   end
 
+  # The line of a stopped command's process list (#processes) that shows a child stuck in Ruby 3.4's
+  # own fork, or nil: on Ruby 3.4 (`ruby`), a process with one thread, in a futex wait. Every Ruby
+  # process past its start has a second thread (the timer thread); a child forked while another
+  # thread of its parent went in or out of a blocking call waits before that, for ever, on a lock
+  # of that thread's (docs/behaviour.md, Ruby versions).
+  def rubys_fork_hang(output, ruby: RUBY_VERSION)
+    return nil unless ruby.start_with?("3.4.")
+
+    output.lines.find { |line| line.match?(/\A  (\d+) S \[\1:futex\w*\] /) }
+  end
+
   # One line per process of the group `pgid`: pid, state, [thread:kernel wait ...], command (bytes:
   # a command line may be in any encoding).
   def processes(pgid)
