@@ -1,9 +1,9 @@
 # frozen_string_literal: true
 
-# A command run within a time limit, for test/peers/run and the stress test: its output (stdout and stderr together),
-# and when it is still going at the limit, a list of every process of its group with the kernel wait
-# each thread sits in, taken before the group is stopped (TERM, then KILL), so a hang says where it
-# was: evt's loop, a forked child, a lock.
+# A command run within a time limit, for test/peers/run, the stress tester and the Itsi test: its
+# output (stdout and stderr together), and when it is still going at the limit, a list of every
+# process of its group with the kernel wait each thread sits in, taken before the group is stopped
+# (TERM, then KILL), so a hang says where it was: evt's loop, a forked child, a lock.
 module LimitedRun
   # Seconds given after TERM, after KILL, for the command to be reaped, and to a process that keeps
   # the output open after it (a process that left the group is not waited for longer).
@@ -104,12 +104,12 @@ module LimitedRun
 
   # Every process now: pid => [state, parent pid, group] (bytes).
   def table
-    Dir["/proc/[0-9]*/stat"].to_h do |stat|
+    Dir["/proc/[0-9]*/stat"].filter_map do |stat|
       fields = File.binread(stat).split(") ".b).last.split # after "pid (comm)": state, ppid, pgrp, ...
       [File.basename(File.dirname(stat)).to_i, [fields[0], fields[1].to_i, fields[2].to_i]]
     rescue Errno::ENOENT, Errno::ESRCH
-      [0, nil] # ended meanwhile
-    end.reject { |_, row| row.nil? }
+      nil # ended meanwhile
+    end.to_h
   end
 
   # One line per process of `pids` still there: pid, state, [thread:kernel wait ...], command.
