@@ -3,13 +3,13 @@
 # The README's summary of a bin/bench run: one Markdown table, a row per scenario (per app for
 # falcon and rails), made from the results file alone. Each row: the scenario's metric (lower is
 # better), the best C reference's figure (Bench.best_c), evt's default backend's and evt's best
-# subject's figures, the best peer's (async-epoll, async-uring, carbon, uringmachine, threads:
-# Bench::PEERS without the blocking and fibers reference rows; none for blocking-ops and http-cpu,
-# which compare evt with itself), the default's and the best's over the best peer's, and the best's
-# over C's. A row that hung or had errors takes no part. For falcon and rails: evt's best
-# falcon-evt-* row against the best of falcon-epoll and falcon-uring, per app. A line under the
-# table names the file, Ruby, YJIT, date and command, and links the full report (the .md beside the
-# JSON, bench/tools/report.rb).
+# subject's figures and the default's over the best's, the best peer's (async-epoll, async-uring,
+# carbon, uringmachine, threads: Bench::PEERS without the blocking and fibers reference rows; none
+# for blocking-ops and http-cpu, which compare evt with itself), the default's and the best's over
+# the best peer's, and the best's over C's. A row that hung or had errors takes no part. For falcon
+# and rails: evt's best falcon-evt-* row against the best of falcon-epoll and falcon-uring, per
+# app. A line under the table names the file, Ruby, YJIT, date and command, and links the full
+# report (the .md beside the JSON, bench/tools/report.rb).
 #
 #   ruby bench/tools/summary.rb FILE.json                    the table, on stdout
 #   ruby bench/tools/summary.rb [FILE.json] --readme README.md
@@ -45,15 +45,16 @@ module Bench
 
     # The table and the line under it.
     def to_s
-      lines = ["| scenario | metric, lower is better | C | evt's default | evt's best | best peer | default ÷ peer | best ÷ peer | best ÷ C |",
-               "|---|---|---:|---|---|---|---:|---:|---:|"]
+      lines = ["| scenario | metric, lower is better | C | evt's default | evt's best | default ÷ best | best peer | " \
+               "default ÷ peer | best ÷ peer | best ÷ C |",
+               "|---|---|---:|---|---|---:|---|---:|---:|---:|"]
       rows.each do |row|
-        next lines << "| #{row[:label]} | #{row[:unit]} | — | — | #{row[:text]} | — | — | — | — |" if row[:text]
+        next lines << "| #{row[:label]} | #{row[:unit]} | — | — | #{row[:text]} | — | — | — | — | — |" if row[:text]
 
         key = row[:key]
         lines << "| #{row[:label]} | #{row[:unit]} | #{figure(row[:c], key)} | #{named(row[:default], key)} | " \
-                 "#{named(row[:evt], key)} | #{named(row[:peer], key)} | #{ratio(row[:default], row[:peer], key)} | " \
-                 "#{ratio(row[:evt], row[:peer], key)} | #{ratio(row[:evt], row[:c], key)} |"
+                 "#{named(row[:evt], key)} | #{ratio(row[:default], row[:evt], key)} | #{named(row[:peer], key)} | " \
+                 "#{ratio(row[:default], row[:peer], key)} | #{ratio(row[:evt], row[:peer], key)} | #{ratio(row[:evt], row[:c], key)} |"
       end
       "#{lines.join("\n")}\n\n#{footer}\n"
     end
