@@ -295,7 +295,7 @@ require_relative "evt/resolver" # loads socket
 #
 #   # Ruby's IO class. With the C extension, evt prepends {Evt::CloseWakesWaiters} to it; the
 #   # pure-Ruby loop prepends {Evt::SelectLoop::CloseWatch} and {Evt::SelectLoop::ReadNonblockWatch}
-#   # once its first loop exists. `require "evt/async"` names evt's selector in io-event's
+#   # when it loads. `require "evt/async"` names evt's selector in io-event's
 #   # namespace, IO::Event::Selector::Evt.
 #   class IO
 #     prepend Evt::CloseWakesWaiters

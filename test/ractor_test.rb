@@ -267,6 +267,23 @@ class RactorTest < Minitest::Test
     assert_equal [0] * 5, counts.map(&:last) if RUBY_FIBERS_IN_PARALLEL_RACTORS
   end
 
+  # The pure-Ruby loop's IO#close and #read_nonblock watches are on IO as soon as it loads, in the
+  # main Ractor: made by the first loop instead, Ractors starting loops at once would prepend to IO
+  # at once, which crashed Ruby 3.3 about once in 30 runs of the test above.
+  def test_the_pure_ruby_loop_watches_io_from_its_load_not_from_a_loop
+    out, status = run_ruby(<<~RUBY, limit: 60)
+      ENV["EVT_NO_EXTENSION"] = "1"
+      ENV.delete("EVT_BACKEND") # the backend under test is a C one; this is the pure-Ruby loop
+      require "evt"
+      before = IO.ancestors.map(&:name).select { |name| name.to_s.start_with?("Evt::SelectLoop::") }
+      Evt::Scheduler.new.close
+      after = IO.ancestors.map(&:name).select { |name| name.to_s.start_with?("Evt::SelectLoop::") }
+      print [Evt.extension?, before, before == after].inspect
+    RUBY
+    assert status&.success?, out
+    assert_equal [false, %w[Evt::SelectLoop::CloseWatch Evt::SelectLoop::ReadNonblockWatch], true].inspect, out
+  end
+
   # Where fibers in two Ractors at once crash Ruby, evt refuses a loop in a second Ractor while
   # another Ractor's is open, saying why; once it is closed, the second Ractor's turn comes.
   def test_a_second_ractors_loop_is_refused_where_ruby_would_crash

@@ -84,7 +84,6 @@ module Evt
       @resumes = nil # fiber => how often the loop resumed it, once another thread unblocks (#unblock)
       @forks = SelectLoop.forks
       reset
-      SelectLoop.watch_closes
       SelectLoop.loops[self] = true
       @wakeup_r, @wakeup_w = IO.pipe
     end

@@ -66,15 +66,9 @@ module Evt
       rescue StandardError, NotImplementedError
         true # not known: it closes
       end
-
-      # Prepends {CloseWatch} and {ReadNonblockWatch} to IO, once.
-      # @api private
-      def watch_closes
-        IO.prepend(CloseWatch, ReadNonblockWatch) unless IO.include?(ReadNonblockWatch)
-      end
     end
 
-    # Prepended to IO once the first select loop exists (see {SelectLoop.closing}).
+    # Prepended to IO when this file loads (see {SelectLoop.closing}).
     # @api private
     module CloseWatch
       # The waiters on this IO, and on the IO its writes go to (IO.popen's "r+"), first.
@@ -123,5 +117,10 @@ module Evt
         Thread.current[:__evt_read_nonblock] = nil
       end
     end
+
+    # Now, while one Ractor runs: files load in the main Ractor, but loops start in any. Ruby 3.3
+    # corrupts IO's method table when Ractors prepend to it at once (a [BUG] in the GC, or in
+    # prepend itself).
+    IO.prepend(CloseWatch, ReadNonblockWatch)
   end
 end
