@@ -104,6 +104,29 @@ class PoolTest < Minitest::Test
     assert_equal "evt worker", calls.first.name
   end
 
+  def self.garbage(finalizer)
+    ObjectSpace.define_finalizer(Object.new, finalizer)
+    nil
+  end
+
+  # A finalizer of a collection that an allocation set off runs wherever the GC left a fiber, as
+  # a trap handler does, and must not switch fibers (Ruby 4.0 sends the File.unlink of a Tempfile's
+  # finalizer here): a worker would suspend the fiber in the middle of it, where an interrupt could
+  # end it, and Ruby forbids a Mutex there. The work runs on the loop's thread, as without a scheduler.
+  def test_work_in_a_finalizer_runs_on_the_loops_thread
+    threads = []
+    finalizer = proc { |_id| Fiber.scheduler&.blocking_operation_wait(proc { threads << Thread.current }) }
+    evt do
+      Fiber.schedule do
+        5.times { self.class.garbage(finalizer) }
+        collections = GC.count + 3
+        Object.new while threads.empty? && GC.count < collections # not GC.start: its finalizers run as calls
+      end
+    end
+    refute_empty threads, "no finalizer ran under the scheduler"
+    assert_equal [Thread.current], threads.uniq
+  end
+
   def test_pool_size_zero_runs_the_work_on_the_loops_thread
     where = nil
     scheduler = Evt::Scheduler.new(pool_size: 0)

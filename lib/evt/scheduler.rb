@@ -244,10 +244,13 @@ module Evt
     # @return [Object] what Ruby expects of the hook; the operation's own result goes through its
     #   state
     def blocking_operation_wait(work)
-      # Here, on this thread (blocking: else Ruby comes back here), without a pool, and for the
-      # close(2) of IO#close, which returns at once where a worker would cost two thread switches
-      # (the IO#close wrappers set the flag).
-      return Fiber.blocking { work.call } if @pool_size.zero? || Thread.current[:__evt_inline_offload]
+      # Here, on this thread (blocking: else Ruby comes back here), without a pool; for the close(2)
+      # of IO#close, which returns at once where a worker would cost two thread switches (the
+      # IO#close wrappers set the flag); and inside a finalizer or a trap handler, which must not
+      # switch fibers (a Tempfile's finalizer unlinks its file wherever the GC left the fiber).
+      if @pool_size.zero? || Thread.current[:__evt_inline_offload] || trap_context?
+        return Fiber.blocking { work.call }
+      end
 
       pool = (@pool ||= BlockingPool.new(@pool_size))
       doing(:blocking, work) { pool.run(work) }
@@ -372,6 +375,17 @@ module Evt
       raise unless child
 
       report(error, block)
+    end
+
+    # Whether this code runs in a finalizer or a trap handler: Ruby refuses to lock a Mutex there (a
+    # Mutex of evt's own, locked and let go at once: never contended), and no other check is open to
+    # Ruby code.
+    def trap_context?
+      (@trap_probe ||= Thread::Mutex.new).lock
+      @trap_probe.unlock
+      false
+    rescue ThreadError
+      true
     end
 
     # ProcessWaiting's wait for a pidfd.
