@@ -28,6 +28,36 @@ class CloseHooksTest < Minitest::Test
     [r, w].each { |io| io&.close }
   end
 
+  # An interrupt is for the wait its fiber is in when it comes (Ruby 4.0's IO#close interrupts the
+  # fibers in a read, write or wait of the IO). A fiber that an event has made ready already leaves
+  # that wait on its own: served on the loop's next turn, the interrupt would land in whatever the
+  # fiber waits for next (this fiber's sleep; in httpx, a finalizer's File.unlink).
+  def test_fiber_interrupt_of_a_fiber_made_ready_meanwhile_is_dropped
+    r, w = IO.pipe
+    order = []
+    outcome = reader = nil
+    evt do
+      Fiber.schedule do # waits first, so runs first once r is readable, the reader ready behind it
+        r.wait_readable
+        order << :interrupter
+        Fiber.scheduler.fiber_interrupt(reader, IOError.new("stale"))
+      end
+      reader = Fiber.schedule do
+        r.wait_readable
+        order << :reader
+        sleep 0.01
+        outcome = :slept
+      rescue IOError => e
+        outcome = e
+      end
+      Fiber.schedule { w.write("x") }
+    end
+    assert_equal %i[interrupter reader], order
+    assert_equal :slept, outcome
+  ensure
+    [r, w].each { |io| io&.close }
+  end
+
   def test_fiber_interrupt_needs_a_fiber_or_a_stand_in
     evt do
       error = assert_raises(TypeError) { Fiber.scheduler.fiber_interrupt(nil, IOError.new) }

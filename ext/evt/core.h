@@ -175,10 +175,12 @@ struct evt_loop {
     unsigned char finished;   /* closed for good: nothing opens its kernel objects again */
     unsigned forks;           /* evt_object_forks when the kernel objects were made */
     unsigned epoch;           /* changes when the loop forgets its waiters (evt_object_forget) */
-    /* From other threads (requests.c): a Ruby Array of requests, or nil. */
+    /* From other threads (requests.c): a Ruby Array of requests, or nil; and, while fiber interrupts
+     * are queued, how often the loop has resumed each of their fibers (a Hash, else nil). */
     struct {
         VALUE list;
         int pending;
+        VALUE resumes;
     } requests;
     struct evt_stats stats;
     struct evt_stall stall;

@@ -48,6 +48,7 @@ static inline void
 switch_to(struct evt_loop *loop, VALUE fiber)
 {
     evt_core_beat(loop, loop->loop_fiber);
+    evt_requests_resumed(loop, fiber);
     loop->current = fiber;
     loop->reads_now = 0;
     rb_fiber_transfer(fiber, 0, NULL);
@@ -64,6 +65,7 @@ static void
 raise_into(struct evt_loop *loop, VALUE fiber, VALUE exception)
 {
     evt_core_beat(loop, loop->loop_fiber);
+    evt_requests_resumed(loop, fiber);
     loop->current = fiber;
     rb_fiber_raise(fiber, 1, &exception);
     evt_core_beat(loop, NIL_P(loop->current) ? fiber : loop->current);
@@ -147,6 +149,7 @@ serve_requests(struct evt_loop *loop, int interrupts)
             own = request.argument;
             continue;
         }
+        if (evt_requests_stale(loop, &request)) continue;
         /* As timeout_after does: control comes back when that fiber waits again or ends. A stand-in
          * runs code of its own (alive?, raise): if that raises, the interrupts after it wait for the
          * next turn rather than being lost. */
@@ -158,6 +161,7 @@ serve_requests(struct evt_loop *loop, int interrupts)
             rb_jump_tag(state);
         }
     }
+    evt_requests_settle(loop);
     if (!NIL_P(own)) rb_exc_raise(own);
 }
 

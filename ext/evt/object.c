@@ -236,6 +236,7 @@ loop_mark(void *ptr)
     rb_gc_mark_movable(loop->current);
     rb_gc_mark_movable(loop->thread);
     rb_gc_mark_movable(loop->requests.list);
+    rb_gc_mark_movable(loop->requests.resumes);
     rb_gc_mark(loop->early_unblock);
     rb_gc_mark(loop->launch.fiber);
     rb_gc_mark(loop->launch.caller);
@@ -273,6 +274,7 @@ loop_compact(void *ptr)
     loop->current = rb_gc_location(loop->current);
     loop->thread = rb_gc_location(loop->thread);
     loop->requests.list = rb_gc_location(loop->requests.list);
+    loop->requests.resumes = rb_gc_location(loop->requests.resumes);
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
         if (!reg) continue;
@@ -405,7 +407,7 @@ evt_object_alloc(VALUE klass)
     loop->loop_fiber = Qnil;
     loop->current = Qnil;
     loop->thread = Qnil;
-    loop->requests.list = Qnil;
+    loop->requests.list = loop->requests.resumes = Qnil;
     loop->early_unblock = Qnil;
     loop->launch.fiber = loop->launch.caller = loop->launch.error = Qnil;
     loop->listing.ractor = evt_object_ractor_serial();
@@ -488,7 +490,7 @@ loop_after_fork(struct evt_loop *loop)
     evt_object_close_backend(loop);
     loop->kernel.ops = 0; /* the parent's, in the parent's ring */
     evt_object_forget(loop);
-    loop->requests.list = Qnil; /* the other threads are not in the child */
+    loop->requests.list = loop->requests.resumes = Qnil; /* the other threads are not in the child */
     loop->requests.pending = 0;
     loop->launch.fiber = Qnil; /* perhaps another thread's, which the child has not */
     loop->kernel.blocked = 0;

@@ -1,14 +1,23 @@
 /* Requests from other threads: a queue on the loop (loop->requests, a Ruby Array the GC sees
- * through the loop), each request an Array [kind, subject, argument]. Made rarely (another thread's
- * IO#close of an IO this loop's fibers wait on, Ruby 4.0's fiber_interrupt), so allocating is fine. */
+ * through the loop), each request an Array [kind, subject, argument, resumed]. Made rarely (another
+ * thread's IO#close of an IO this loop's fibers wait on, Ruby 4.0's fiber_interrupt), so allocating
+ * is fine. */
 #include "core.h"
 #include "requests.h"
 
 void
 evt_requests_push(struct evt_loop *loop, const struct evt_request *request)
 {
+    VALUE resumed = Qnil;
+    if (request->kind == EVT_REQUEST_INTERRUPT && rb_obj_is_fiber(request->subject)) {
+        if (NIL_P(loop->requests.resumes))
+            loop->requests.resumes = rb_funcall(rb_hash_new(), rb_intern("compare_by_identity"), 0);
+        resumed = rb_hash_lookup2(loop->requests.resumes, request->subject, INT2FIX(0));
+        rb_hash_aset(loop->requests.resumes, request->subject, resumed);
+    }
     if (NIL_P(loop->requests.list)) loop->requests.list = rb_ary_new();
-    rb_ary_push(loop->requests.list, rb_ary_new_from_args(3, INT2FIX(request->kind), request->subject, request->argument));
+    rb_ary_push(loop->requests.list,
+                rb_ary_new_from_args(4, INT2FIX(request->kind), request->subject, request->argument, resumed));
     loop->requests.pending = 1;
     evt_core_wake(loop);
 }
@@ -30,7 +39,21 @@ evt_requests_at(VALUE taken, long index)
         .kind = (enum evt_request_kind)FIX2INT(RARRAY_AREF(request, 0)),
         .subject = RARRAY_AREF(request, 1),
         .argument = RARRAY_AREF(request, 2),
+        .resumed = RARRAY_AREF(request, 3),
     };
+}
+
+int
+evt_requests_stale(struct evt_loop *loop, const struct evt_request *request)
+{
+    if (NIL_P(request->resumed) || NIL_P(loop->requests.resumes)) return 0;
+    return rb_hash_lookup2(loop->requests.resumes, request->subject, request->resumed) != request->resumed;
+}
+
+void
+evt_requests_settle(struct evt_loop *loop)
+{
+    if (NIL_P(loop->requests.list)) loop->requests.resumes = Qnil;
 }
 
 void

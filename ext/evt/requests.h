@@ -15,6 +15,7 @@ struct evt_request {
     enum evt_request_kind kind;
     VALUE subject;
     VALUE argument;
+    VALUE resumed; /* an interrupt of a Fiber: how often the loop had resumed it when it came; else nil */
 };
 
 /* Queues a request and ends the loop's wait in the kernel. From any thread of the loop's Ractor. */
@@ -24,6 +25,21 @@ void evt_requests_push(struct evt_loop *loop, const struct evt_request *request)
 VALUE evt_requests_take(struct evt_loop *loop);
 /* The request at `index` of what evt_requests_take gave. */
 struct evt_request evt_requests_at(VALUE taken, long index);
+/* Counts a resume of `fiber` by the loop, while interrupts are queued (loop->requests.resumes). */
+static inline void
+evt_requests_resumed(struct evt_loop *loop, VALUE fiber)
+{
+    if (RB_UNLIKELY(!NIL_P(loop->requests.resumes))) {
+        VALUE count = rb_hash_lookup2(loop->requests.resumes, fiber, Qundef);
+        if (!RB_UNDEF_P(count)) rb_hash_aset(loop->requests.resumes, fiber, LONG2FIX(FIX2LONG(count) + 1));
+    }
+}
+/* Whether an interrupt came before the loop resumed its fiber once more: then the wait Ruby meant
+ * to interrupt is over (the fiber left it on its own), and the exception would land in whatever the
+ * fiber waits for next. */
+int evt_requests_stale(struct evt_loop *loop, const struct evt_request *request);
+/* Lets go of the resume counts once no request is queued. */
+void evt_requests_settle(struct evt_loop *loop);
 /* Puts the requests of `kind` from `index` on of what evt_requests_take gave back in the queue, ahead
  * of those made since, for the loop's next turn. */
 void evt_requests_keep(struct evt_loop *loop, VALUE taken, enum evt_request_kind kind, long index);

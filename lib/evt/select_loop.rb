@@ -81,7 +81,7 @@ module Evt
       @backend = backend
       @blocking_modes = ObjectSpace::WeakMap.new # io => whether its descriptor is in blocking mode
       @requests = Thread::Queue.new # from other threads: [kind, subject, argument, forks]
-      @resumes = nil # fiber => how often the loop resumed it, once another thread unblocks (#unblock)
+      @resumes = nil # fiber => how often the loop resumed it, once an unblock or interrupt came (#unblock)
       @forks = SelectLoop.forks
       reset
       SelectLoop.loops[self] = true
@@ -475,9 +475,10 @@ module Evt
           waiter = @unblockable[subject]
           wake(waiter, :unblocked) if waiter && (@resumes[subject] || 0) == argument
         when :interrupt
+          exception, resumed = argument
           if !interrupts then @requests << item
-          elsif subject.equal?(Fiber.current) then own = argument
-          else interrupt(subject, argument)
+          elsif subject.equal?(Fiber.current) then own = exception
+          elsif !resumed || (@resumes[subject] || 0) == resumed then interrupt(subject, exception)
           end
         end
       end
@@ -619,7 +620,12 @@ module Evt
         raise TypeError, "evt: fiber_interrupt needs a Fiber, or an object that answers alive?, raise and " \
                          "transfer; #{fiber.class} does not answer #{missing}"
       end
-      request(:interrupt, fiber, exception)
+      # Raised only if the loop has not resumed the fiber since: else the wait Ruby meant is over
+      # (Ruby 4.0's IO#close interrupts the fibers in a read, write or wait of the IO, and a fiber
+      # already made ready by an event leaves it on its own), and the exception would land in
+      # whatever the fiber waits for next. (A stand-in's fiber is not the loop's to count.)
+      resumed = fiber.is_a?(Fiber) && ((@resumes ||= ObjectSpace::WeakMap.new)[fiber] || 0)
+      request(:interrupt, fiber, [exception, resumed])
       nil
     end
 
