@@ -28,34 +28,58 @@ class CloseHooksTest < Minitest::Test
     [r, w].each { |io| io&.close }
   end
 
-  # An interrupt is for the wait its fiber is in when it comes (Ruby 4.0's IO#close interrupts the
-  # fibers in a read, write or wait of the IO). A fiber that an event has made ready already leaves
-  # that wait on its own: served on the loop's next turn, the interrupt would land in whatever the
-  # fiber waits for next (this fiber's sleep; in httpx, a finalizer's File.unlink).
-  def test_fiber_interrupt_of_a_fiber_made_ready_meanwhile_is_dropped
+  # Two fibers wait on a pipe; once it is readable, the first runs and interrupts the second with
+  # `error`, which an event has made ready behind it. The second then runs the block with the pipe.
+  # Returns the block's value or the IOError the second fiber got, and the order they ran in.
+  def interrupt_a_fiber_made_ready(error)
     r, w = IO.pipe
     order = []
     outcome = reader = nil
     evt do
-      Fiber.schedule do # waits first, so runs first once r is readable, the reader ready behind it
+      Fiber.schedule do
         r.wait_readable
         order << :interrupter
-        Fiber.scheduler.fiber_interrupt(reader, IOError.new("stale"))
+        Fiber.scheduler.fiber_interrupt(reader, error)
       end
       reader = Fiber.schedule do
         r.wait_readable
         order << :reader
-        sleep 0.01
-        outcome = :slept
+        outcome = yield(r)
       rescue IOError => e
         outcome = e
       end
       Fiber.schedule { w.write("x") }
     end
-    assert_equal %i[interrupter reader], order
-    assert_equal :slept, outcome
+    [outcome, order]
   ensure
     [r, w].each { |io| io&.close }
+  end
+
+  # An interrupt is for the wait its fiber is in when it comes (Ruby 4.0's IO#close interrupts the
+  # fibers in a read, write or wait of the IO). A fiber that an event has made ready already leaves
+  # that wait on its own: served on the loop's next turn, the interrupt would land in whatever the
+  # fiber waits for next (this fiber's sleep; in httpx, a finalizer's File.unlink).
+  def test_fiber_interrupt_of_a_fiber_made_ready_meanwhile_is_dropped
+    outcome, order = interrupt_a_fiber_made_ready(IOError.new("stale")) do
+      sleep 0.01
+      :slept
+    end
+    assert_equal %i[interrupter reader], order
+    assert_equal :slept, outcome
+  end
+
+  # The same fiber back in a wait on an IO gets it: perhaps it waits on the IO being closed again,
+  # which Ruby 4.0's IO#close, its flush letting fibers run before it marks the IO closed, waits for
+  # it to leave.
+  def test_fiber_interrupt_of_a_fiber_made_ready_reaches_its_next_wait_on_an_io
+    error = IOError.new("for the wait on r")
+    outcome, order = interrupt_a_fiber_made_ready(error) do |r|
+      r.read_nonblock(1)
+      r.wait_readable(5)
+      :waited
+    end
+    assert_equal %i[interrupter reader], order
+    assert_same error, outcome
   end
 
   def test_fiber_interrupt_needs_a_fiber_or_a_stand_in

@@ -122,6 +122,24 @@ interrupt_one(VALUE ptr)
     return Qnil;
 }
 
+/* Whether `fiber` waits on an IO now (a read, a write, a wait or a select). */
+static int
+waits_on_io_visit(struct evt_waiter *w, void *fiber)
+{
+    return w->fiber == (VALUE)fiber && !NIL_P(w->io);
+}
+
+/* An interrupt that came before the loop resumed its fiber once more is for a wait that may be
+ * over (an event had made the fiber ready) and is dropped, unless the fiber waits on an IO again:
+ * perhaps the same one, which Ruby's IO#close may still be waiting for it to leave (the closer's
+ * flush let it run before the IO was marked closed). */
+static int
+interrupt_outdated(struct evt_loop *loop, const struct evt_request *request)
+{
+    return evt_requests_stale(loop, request) &&
+           !evt_object_each_waiter(loop, waits_on_io_visit, (void *)request->subject);
+}
+
 /* The other threads' requests (requests.c): the closes first (close.c: the kernel lets go of those
  * files at once), then, when `interrupts` is set, the fiber interrupts, which switch fibers (not
  * while the backend holds undispatched events: then they are kept for the next turn). */
@@ -149,7 +167,7 @@ serve_requests(struct evt_loop *loop, int interrupts)
             own = request.argument;
             continue;
         }
-        if (evt_requests_stale(loop, &request)) continue;
+        if (interrupt_outdated(loop, &request)) continue;
         /* As timeout_after does: control comes back when that fiber waits again or ends. A stand-in
          * runs code of its own (alive?, raise): if that raises, the interrupts after it wait for the
          * next turn rather than being lost. */

@@ -10,8 +10,11 @@ evt_requests_push(struct evt_loop *loop, const struct evt_request *request)
 {
     VALUE resumed = Qnil;
     if (request->kind == EVT_REQUEST_INTERRUPT && rb_obj_is_fiber(request->subject)) {
-        if (NIL_P(loop->requests.resumes))
-            loop->requests.resumes = rb_funcall(rb_hash_new(), rb_intern("compare_by_identity"), 0);
+        if (NIL_P(loop->requests.resumes)) {
+            /* (The call may let another thread in, whose push made one meanwhile: that one stays.) */
+            VALUE resumes = rb_funcall(rb_hash_new(), rb_intern("compare_by_identity"), 0);
+            if (NIL_P(loop->requests.resumes)) loop->requests.resumes = resumes;
+        }
         resumed = rb_hash_lookup2(loop->requests.resumes, request->subject, INT2FIX(0));
         rb_hash_aset(loop->requests.resumes, request->subject, resumed);
     }

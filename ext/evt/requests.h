@@ -35,8 +35,8 @@ evt_requests_resumed(struct evt_loop *loop, VALUE fiber)
     }
 }
 /* Whether an interrupt came before the loop resumed its fiber once more: then the wait Ruby meant
- * to interrupt is over (the fiber left it on its own), and the exception would land in whatever the
- * fiber waits for next. */
+ * to interrupt may be over (an event made the fiber ready, and it left on its own), and the
+ * exception would land in whatever the fiber waits for next. */
 int evt_requests_stale(struct evt_loop *loop, const struct evt_request *request);
 /* Lets go of the resume counts once no request is queued. */
 void evt_requests_settle(struct evt_loop *loop);

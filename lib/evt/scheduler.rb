@@ -377,12 +377,11 @@ module Evt
       report(error, block)
     end
 
-    # Whether this code runs in a finalizer or a trap handler: Ruby refuses to lock a Mutex there (a
-    # Mutex of evt's own, locked and let go at once: never contended), and no other check is open to
-    # Ruby code.
+    # Whether this code runs in a trap handler, or in a finalizer that a collection set off (those of
+    # GC.start and of the exit are plain calls): Ruby refuses to lock a Mutex there (a Mutex of
+    # evt's own, locked and let go at once: never contended), and no other check is open to Ruby code.
     def trap_context?
-      (@trap_probe ||= Thread::Mutex.new).lock
-      @trap_probe.unlock
+      (@trap_probe ||= Thread::Mutex.new).synchronize {}
       false
     rescue ThreadError
       true

@@ -478,13 +478,23 @@ module Evt
           exception, resumed = argument
           if !interrupts then @requests << item
           elsif subject.equal?(Fiber.current) then own = exception
-          elsif !resumed || (@resumes[subject] || 0) == resumed then interrupt(subject, exception)
+          elsif !outdated?(subject, resumed) then interrupt(subject, exception)
           end
         end
       end
       raise own if own
     ensure
       requests.each { |rest| @requests << rest } # a stand-in's raise raised: the rest wait
+    end
+
+    # An interrupt that came before the loop resumed its fiber once more is for a wait that may be
+    # over (an event had made the fiber ready), unless the fiber waits on an IO again: perhaps the
+    # same one, which Ruby's IO#close may still wait for it to leave (the closer's flush let it run
+    # before the IO was marked closed).
+    def outdated?(fiber, resumed)
+      return false if !resumed || (@resumes[fiber] || 0) == resumed
+
+      @watched.each_value.none? { |list| list.each_key.any? { |waiter| waiter.fiber.equal?(fiber) } }
     end
 
     # Raises `exception` in `fiber`, or through a stand-in for one (whose raise switches to a fiber
@@ -620,10 +630,10 @@ module Evt
         raise TypeError, "evt: fiber_interrupt needs a Fiber, or an object that answers alive?, raise and " \
                          "transfer; #{fiber.class} does not answer #{missing}"
       end
-      # Raised only if the loop has not resumed the fiber since: else the wait Ruby meant is over
-      # (Ruby 4.0's IO#close interrupts the fibers in a read, write or wait of the IO, and a fiber
-      # already made ready by an event leaves it on its own), and the exception would land in
-      # whatever the fiber waits for next. (A stand-in's fiber is not the loop's to count.)
+      # Dropped if the loop resumed the fiber since and it waits on no IO (#outdated?): Ruby 4.0's
+      # IO#close interrupts the fibers in a read, write or wait of the IO, and a fiber already made
+      # ready by an event leaves it on its own; the exception would land in whatever it waits for
+      # next, such as a finalizer's. (A stand-in's fiber is not the loop's to count.)
       resumed = fiber.is_a?(Fiber) && ((@resumes ||= ObjectSpace::WeakMap.new)[fiber] || 0)
       request(:interrupt, fiber, [exception, resumed])
       nil
