@@ -219,8 +219,8 @@ module Evt
   #     # @!method fiber_interrupt(fiber, exception)
   #     #   Hook (Ruby 4.0): raises `exception` in `fiber`, which waits in this loop, on the loop's
   #     #   next turn, unless the loop has resumed the fiber meanwhile (an event had made it ready)
-  #     #   and it waits on no IO now: the wait Ruby meant is over, and the exception would land in
-  #     #   its next one. Safe from any thread. `fiber` may also be an object that answers alive?, raise and transfer (a
+  #     #   and it does not wait on the same IO again: the wait Ruby meant is over, and the exception
+  #     #   would land in its next one. Safe from any thread. `fiber` may also be an object that answers alive?, raise and transfer (a
   #     #   wrapper around a fiber), whose exception is always raised.
   #     #   @return [nil]
   #     #   @raise [TypeError] `fiber` is neither

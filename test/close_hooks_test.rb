@@ -82,6 +82,19 @@ class CloseHooksTest < Minitest::Test
     assert_same error, outcome
   end
 
+  # Not a wait on another IO: the close was for the IO the fiber waited on when it came.
+  def test_fiber_interrupt_of_a_fiber_made_ready_skips_its_next_wait_on_another_io
+    other_r, other_w = IO.pipe
+    outcome, order = interrupt_a_fiber_made_ready(IOError.new("stale")) do
+      other_r.wait_readable(0.01)
+      :waited
+    end
+    assert_equal %i[interrupter reader], order
+    assert_equal :waited, outcome
+  ensure
+    [other_r, other_w].each { |io| io&.close }
+  end
+
   def test_fiber_interrupt_needs_a_fiber_or_a_stand_in
     evt do
       error = assert_raises(TypeError) { Fiber.scheduler.fiber_interrupt(nil, IOError.new) }

@@ -221,7 +221,7 @@ hear(struct evt_loop *loop, void *ptr)
         hand_over(loop->registrations[fd], io, EVT_RUBYIO_READ_BUFFER);
         hand_over(loop->registrations[fd], io, EVT_RUBYIO_WRITE_BUFFER);
     }
-    struct evt_request request = {EVT_REQUEST_CLOSE, io, INT2FIX(fd), Qnil};
+    struct evt_request request = {EVT_REQUEST_CLOSE, io, INT2FIX(fd), Qnil, Qnil};
     evt_requests_push(loop, &request);
 }
 

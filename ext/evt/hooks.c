@@ -350,7 +350,7 @@ loop_fiber_interrupt(VALUE self, VALUE fiber, VALUE exception)
                                         "raise and transfer; %" PRIsVALUE " does not answer %s",
                          rb_obj_class(fiber), needed[i]);
     }
-    struct evt_request request = {EVT_REQUEST_INTERRUPT, fiber, exception, Qnil};
+    struct evt_request request = {EVT_REQUEST_INTERRUPT, fiber, exception, Qnil, Qnil};
     evt_requests_push(evt_object_check(self), &request);
     return Qnil;
 }

@@ -122,22 +122,23 @@ interrupt_one(VALUE ptr)
     return Qnil;
 }
 
-/* Whether `fiber` waits on an IO now (a read, a write, a wait or a select). */
+/* Whether the interrupted fiber waits on the IO it waited on when the interrupt came. */
 static int
-waits_on_io_visit(struct evt_waiter *w, void *fiber)
+waits_again_visit(struct evt_waiter *w, void *arg)
 {
-    return w->fiber == (VALUE)fiber && !NIL_P(w->io);
+    const struct evt_request *request = arg;
+    return w->fiber == request->subject && w->io == request->io;
 }
 
 /* An interrupt that came before the loop resumed its fiber once more is for a wait that may be
- * over (an event had made the fiber ready) and is dropped, unless the fiber waits on an IO again:
- * perhaps the same one, which Ruby's IO#close may still be waiting for it to leave (the closer's
- * flush let it run before the IO was marked closed). */
+ * over (an event had made the fiber ready) and is dropped, unless the fiber waits on the same IO
+ * again, which Ruby's IO#close may still be waiting for it to leave (the closer's flush let it run
+ * before the IO was marked closed). A wait on another IO is not the one the close meant. */
 static int
 interrupt_outdated(struct evt_loop *loop, const struct evt_request *request)
 {
     return evt_requests_stale(loop, request) &&
-           !evt_object_each_waiter(loop, waits_on_io_visit, (void *)request->subject);
+           (NIL_P(request->io) || !evt_object_each_waiter(loop, waits_again_visit, (void *)request));
 }
 
 /* The other threads' requests (requests.c): the closes first (close.c: the kernel lets go of those

@@ -1,15 +1,35 @@
 /* Requests from other threads: a queue on the loop (loop->requests, a Ruby Array the GC sees
- * through the loop), each request an Array [kind, subject, argument, resumed]. Made rarely (another
+ * through the loop), each request an Array [kind, subject, argument, resumed, io]. Made rarely (another
  * thread's IO#close of an IO this loop's fibers wait on, Ruby 4.0's fiber_interrupt), so allocating
  * is fine. */
 #include "core.h"
+#include "object.h"
 #include "requests.h"
+
+struct waited_io {
+    VALUE fiber;
+    VALUE io;
+};
+
+static int
+waited_io_visit(struct evt_waiter *w, void *arg)
+{
+    struct waited_io *found = arg;
+    if (w->fiber != found->fiber || NIL_P(w->io)) return 0;
+    found->io = w->io;
+    return 1;
+}
 
 void
 evt_requests_push(struct evt_loop *loop, const struct evt_request *request)
 {
     VALUE resumed = Qnil;
+    struct waited_io waited = {request->subject, Qnil};
     if (request->kind == EVT_REQUEST_INTERRUPT && rb_obj_is_fiber(request->subject)) {
+        /* Its wait, even one an event has ended already (the waiter is in the ready queue until the
+         * fiber runs). Another thread may look too: whenever Ruby code runs, the GC may walk these
+         * lists, so they are whole then. */
+        evt_object_each_waiter(loop, waited_io_visit, &waited);
         if (NIL_P(loop->requests.resumes)) {
             /* (The call may let another thread in, whose push made one meanwhile: that one stays.) */
             VALUE resumes = rb_funcall(rb_hash_new(), rb_intern("compare_by_identity"), 0);
@@ -20,7 +40,7 @@ evt_requests_push(struct evt_loop *loop, const struct evt_request *request)
     }
     if (NIL_P(loop->requests.list)) loop->requests.list = rb_ary_new();
     rb_ary_push(loop->requests.list,
-                rb_ary_new_from_args(4, INT2FIX(request->kind), request->subject, request->argument, resumed));
+                rb_ary_new_from_args(5, INT2FIX(request->kind), request->subject, request->argument, resumed, waited.io));
     loop->requests.pending = 1;
     evt_core_wake(loop);
 }
@@ -43,6 +63,7 @@ evt_requests_at(VALUE taken, long index)
         .subject = RARRAY_AREF(request, 1),
         .argument = RARRAY_AREF(request, 2),
         .resumed = RARRAY_AREF(request, 3),
+        .io = RARRAY_AREF(request, 4),
     };
 }
 

@@ -16,9 +16,12 @@ struct evt_request {
     VALUE subject;
     VALUE argument;
     VALUE resumed; /* an interrupt of a Fiber: how often the loop had resumed it when it came; else nil */
+    VALUE io;      /* an interrupt of a Fiber: the IO its wait was on when it came (nil: none); else nil */
 };
 
-/* Queues a request and ends the loop's wait in the kernel. From any thread of the loop's Ractor. */
+/* Queues a request and ends the loop's wait in the kernel; an interrupt of a Fiber is noted with
+ * `resumed` and `io` as they are now (what the caller set is ignored). From any thread of the loop's
+ * Ractor. */
 void evt_requests_push(struct evt_loop *loop, const struct evt_request *request);
 /* The requests queued so far, oldest first, taken out of the queue (nil: none), for
  * evt_requests_at. The loop's own thread. */
@@ -36,7 +39,8 @@ evt_requests_resumed(struct evt_loop *loop, VALUE fiber)
 }
 /* Whether an interrupt came before the loop resumed its fiber once more: then the wait Ruby meant
  * to interrupt may be over (an event made the fiber ready, and it left on its own), and the
- * exception would land in whatever the fiber waits for next. */
+ * exception would land in whatever the fiber waits for next (loop.c keeps it only for a new wait
+ * on the same IO). */
 int evt_requests_stale(struct evt_loop *loop, const struct evt_request *request);
 /* Lets go of the resume counts once no request is queued. */
 void evt_requests_settle(struct evt_loop *loop);

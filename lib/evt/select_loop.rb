@@ -475,10 +475,10 @@ module Evt
           waiter = @unblockable[subject]
           wake(waiter, :unblocked) if waiter && (@resumes[subject] || 0) == argument
         when :interrupt
-          exception, resumed = argument
+          exception, resumed, io = argument
           if !interrupts then @requests << item
           elsif subject.equal?(Fiber.current) then own = exception
-          elsif !outdated?(subject, resumed) then interrupt(subject, exception)
+          elsif !outdated?(subject, resumed, io) then interrupt(subject, exception)
           end
         end
       end
@@ -488,13 +488,21 @@ module Evt
     end
 
     # An interrupt that came before the loop resumed its fiber once more is for a wait that may be
-    # over (an event had made the fiber ready), unless the fiber waits on an IO again: perhaps the
-    # same one, which Ruby's IO#close may still wait for it to leave (the closer's flush let it run
-    # before the IO was marked closed).
-    def outdated?(fiber, resumed)
+    # over (an event had made the fiber ready), unless the fiber waits on the same IO again, which
+    # Ruby's IO#close may still wait for it to leave (the closer's flush let it run before the IO was
+    # marked closed). A wait on another IO is not the one the close meant.
+    def outdated?(fiber, resumed, io)
       return false if !resumed || (@resumes[fiber] || 0) == resumed
 
-      @watched.each_value.none? { |list| list.each_key.any? { |waiter| waiter.fiber.equal?(fiber) } }
+      io.nil? || !@watched[io]&.each_key&.any? { |waiter| waiter.fiber.equal?(fiber) }
+    end
+
+    # The IO `fiber` waits on, or was made ready from and has not run since (nil: none). From any
+    # thread: it reads copies, made in one call each, of what the loop's thread may change meanwhile.
+    def waited_io(fiber)
+      waiter = @ready.dup.find { |candidate| candidate.fiber.equal?(fiber) && candidate.state == :ready } ||
+               @watched.values.lazy.flat_map(&:keys).find { |candidate| candidate.fiber.equal?(fiber) }
+      waiter&.watches&.first&.first
     end
 
     # Raises `exception` in `fiber`, or through a stand-in for one (whose raise switches to a fiber
@@ -630,12 +638,12 @@ module Evt
         raise TypeError, "evt: fiber_interrupt needs a Fiber, or an object that answers alive?, raise and " \
                          "transfer; #{fiber.class} does not answer #{missing}"
       end
-      # Dropped if the loop resumed the fiber since and it waits on no IO (#outdated?): Ruby 4.0's
-      # IO#close interrupts the fibers in a read, write or wait of the IO, and a fiber already made
-      # ready by an event leaves it on its own; the exception would land in whatever it waits for
-      # next, such as a finalizer's. (A stand-in's fiber is not the loop's to count.)
+      # Dropped if the loop resumed the fiber since and it does not wait on the same IO again
+      # (#outdated?): Ruby 4.0's IO#close interrupts the fibers in a read, write or wait of the IO, and
+      # a fiber already made ready by an event leaves it on its own; the exception would land in
+      # whatever it waits for next, such as a finalizer's. (A stand-in's fiber is not the loop's.)
       resumed = fiber.is_a?(Fiber) && ((@resumes ||= ObjectSpace::WeakMap.new)[fiber] || 0)
-      request(:interrupt, fiber, [exception, resumed])
+      request(:interrupt, fiber, [exception, resumed, resumed && waited_io(fiber)])
       nil
     end
 
