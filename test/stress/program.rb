@@ -3,6 +3,8 @@
 require "socket"
 require "timeout"
 require "rbconfig"
+require "tmpdir"
+require "fileutils"
 
 # One random concurrent program of the stress tester, made from a seed: a handful of ingredients
 # (byte streams, timeouts, closes, queues, locks, threads, child processes, forks...), each with
@@ -53,6 +55,7 @@ module Stress
       pipe_stream unix_stream tcp_stream timeout_fires timeout_spares io_timeout wait_readable_limit
       close_from_fiber close_from_thread io_select queue sized_queue queue_pop_timeout mutex condition
       thread_feeds_fibers fibers_feed_thread child_process nested_fibers many_fibers fork_child
+      close_when_ready finalizer_work
     ].freeze
 
     # The ingredients that fork (not where a program forbids it: EVT_STRESS_FORK=0).
@@ -62,10 +65,13 @@ module Stress
 
     # @param seed [Integer]
     # @param forks [Boolean] whether fork_child may be drawn
-    def initialize(seed, forks: true)
+    # @param only [Array<Symbol>, nil] the ingredients to draw from (nil: all)
+    def initialize(seed, forks: true, only: nil)
       @seed = seed
       @random = Random.new(seed)
       pool = forks && Process.respond_to?(:fork) ? INGREDIENTS : INGREDIENTS - FORKING
+      pool &= only if only
+      raise ArgumentError, "no ingredient to draw from (known: #{INGREDIENTS.join(", ")})" if pool.empty?
       @ingredients = Array.new(@random.rand(3..8)) { pool.sample(random: @random) }
       @failures = []
       @ruby_issues = []
@@ -259,6 +265,77 @@ module Stress
       end
       closer = Thread.new { sleep random.rand(0.001..0.01); reader.close }
       -> { closer.join; writer.close; raised || "the waiter was not woken with IOError" }
+    end
+
+    # A fiber's read made ready in the same turn as a fiber that closes the IO under it, before it
+    # runs: the read gets its byte or IOError, and the close reaches nothing the fiber waits for next.
+    def close_when_ready(random)
+      trigger_r, trigger_w = IO.pipe # the closer waits here
+      reader, writer = IO.pipe
+      read = after = nil
+      reading = lambda do
+        read = begin
+          reader.readpartial(1)
+        rescue IOError
+          :closed
+        end
+        after = another_wait(random)
+      end
+      closing = -> { trigger_r.read(1) && reader.close }
+      [reading, closing].shuffle(random: random).each { |body| task(:close_when_ready, &body) } # the order they wait in
+      task(:close_when_ready) do
+        sleep 0 if random.rand(2) == 0
+        [writer, trigger_w].shuffle(random: random).each { |io| io.write("x") } # the order events come in
+      end
+      lambda do
+        [trigger_r, trigger_w, writer].each(&:close)
+        (["x", :closed].include?(read) && after == :done) || "read #{read.inspect}, then #{after.inspect}"
+      end
+    end
+
+    # A wait of a random kind that ends by itself: :done.
+    def another_wait(random)
+      case random.rand(3)
+      when 0 then sleep(random.rand(0.0..0.003))
+      when 1 then Thread::Queue.new.pop(timeout: random.rand(0.0..0.003))
+      else IO.pipe.then { |r, w| r.wait_readable(random.rand(0.0..0.003)).tap { r.close; w.close } }
+      end
+      :done
+    end
+
+    # Objects whose finalizers remove a file (as Tempfile's do), collected by the GCs a scheduled
+    # fiber's allocations start: the finalizers run inside that fiber, wherever it is, and each does
+    # its work without an error (Ruby 4.0 sends the unlink to the scheduler's blocking_operation_wait).
+    def finalizer_work(random)
+      dir = Dir.mktmpdir("evt-stress")
+      paths = Array.new(random.rand(5..40)) { |i| File.join(dir, i.to_s).tap { |path| File.write(path, "") } }
+      state = { removed: [], errors: [], over: false }
+      ended = false
+      task(:finalizer_work) do
+        paths.each { |path| ObjectSpace.define_finalizer(Object.new, Program.remover(path, state)) }
+        random.rand(20_000..200_000).times { |i| sleep 0 if (+"garbage #{i}").size.zero? || i % 10_000 == 0 }
+        ended = true
+      end
+      lambda do
+        state[:over] = true # the finalizers of objects not collected yet run at exit, with nothing to do
+        left = state[:removed].select { |path| File.exist?(path) }
+        FileUtils.rm_rf(dir)
+        (ended && state[:errors].empty? && left.empty?) ||
+          "ended: #{ended}, #{state[:removed].size} finalizers done, #{left.size} of their files left, " \
+          "errors: #{state[:errors].first(3).join("; ")}"
+      end
+    end
+
+    # A finalizer that removes `path`, made where it holds no object to finalize.
+    def self.remover(path, state)
+      proc do
+        next if state[:over]
+
+        File.unlink(path)
+        state[:removed] << path
+      rescue Exception => e # rubocop:disable Lint/RescueException: a finalizer's error is otherwise lost
+        state[:errors] << "#{e.class}: #{e.message} at #{e.backtrace&.first(3)&.join(" < ")}"
+      end
     end
 
     def io_select(random)
