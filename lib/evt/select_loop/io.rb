@@ -14,8 +14,9 @@ module Evt
     EAGAIN = -Errno::EAGAIN::Errno # as the transfer hooks return it: not ready
     EINTR = -Errno::EINTR::Errno # a transfer a signal interrupted, to try again
     EINVAL = -Errno::EINVAL::Errno # a range outside the buffer, a negative position
+    EBADF = -Errno::EBADF::Errno # the descriptor is gone: another thread closed the IO meanwhile
     PIPE_BUF = 512 # what a writable pipe in blocking mode takes without blocking (POSIX's least)
-    private_constant :EAGAIN, :EINTR, :EINVAL, :PIPE_BUF
+    private_constant :EAGAIN, :EINTR, :EINVAL, :EBADF, :PIPE_BUF
 
     # (see Evt::Loop#io_wait)
     def io_wait(io, events, timeout)
@@ -130,13 +131,23 @@ module Evt
 
       max = PIPE_BUF if blocking && events == IO::WRITABLE && max > PIPE_BUF
       buffer, offset = buffer.slice(offset, max), 0 unless max == size - offset # IO::Buffer goes to its end
-      Fiber.blocking do
+      result = Fiber.blocking do
         Thread.handle_interrupt(Exception => :never) do
           if events == IO::READABLE then position ? buffer.pread(io, position, 0, offset) : buffer.read(io, 0, offset)
           else position ? buffer.pwrite(io, position, 0, offset) : buffer.write(io, 0, offset)
           end
         end
       end
+      result == EBADF ? closed_meanwhile(io) || result : result
+    rescue Errno::EBADF
+      closed_meanwhile(io)
+      raise
+    end
+
+    # Another thread closed `io` during a transfer (Ruby 3.3 and 3.4 do not wait for it, as 4.0
+    # does): IOError, as a thread reading it gets, not the descriptor's EBADF.
+    def closed_meanwhile(io)
+      raise IOError, "stream closed in another thread" if io.closed?
     end
 
     def inside?(size, offset, length) = !offset.negative? && !length.negative? && offset <= size && length <= size - offset
