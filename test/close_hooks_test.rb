@@ -95,6 +95,38 @@ class CloseHooksTest < Minitest::Test
     [other_r, other_w].each { |io| io&.close }
   end
 
+  # Another thread closes a file while a fiber reads it: the thread runs while the read has let go
+  # of the GVL (the pure-Ruby loop's read, in Ruby, lets it in before and during the system call),
+  # and Ruby 4.0's close interrupts the fiber, then waits for the read to end. The read ends on its
+  # own; the interrupt is not for the fiber's next wait, on another IO.
+  def test_a_close_from_another_thread_during_a_read_does_not_reach_the_next_wait
+    skip "no /dev/zero here" unless File.exist?("/dev/zero")
+    file = File.open("/dev/zero")
+    other_r, other_w = IO.pipe
+    go = Thread::Queue.new
+    closer = Thread.new { go.pop && file.close }
+    read = after = nil
+    evt do
+      Fiber.schedule do
+        go << true
+        read = begin
+          file.read(32 << 20)&.bytesize # long enough for the thread to run meanwhile
+        rescue IOError
+          :closed
+        end
+        after = other_r.wait_readable(0.05).inspect
+      rescue IOError => e
+        after = e
+      end
+    end
+    closer.join
+    assert_includes [32 << 20, :closed], read
+    assert_equal "nil", after
+  ensure
+    closer&.join
+    [file, other_r, other_w].each { |io| io&.close unless io&.closed? }
+  end
+
   def test_fiber_interrupt_needs_a_fiber_or_a_stand_in
     evt do
       error = assert_raises(TypeError) { Fiber.scheduler.fiber_interrupt(nil, IOError.new) }

@@ -475,10 +475,10 @@ module Evt
           waiter = @unblockable[subject]
           wake(waiter, :unblocked) if waiter && (@resumes[subject] || 0) == argument
         when :interrupt
-          exception, resumed, io = argument
+          exception, resumed, ios, closing = argument
           if !interrupts then @requests << item
           elsif subject.equal?(Fiber.current) then own = exception
-          elsif !outdated?(subject, resumed, io) then interrupt(subject, exception)
+          elsif !outdated?(subject, resumed, ios, closing) then interrupt(subject, exception)
           end
         end
       end
@@ -487,22 +487,34 @@ module Evt
       requests.each { |rest| @requests << rest } # a stand-in's raise raised: the rest wait
     end
 
-    # An interrupt that came before the loop resumed its fiber once more is for a wait that may be
-    # over (an event had made the fiber ready), unless the fiber waits on the same IO again, which
-    # Ruby's IO#close may still wait for it to leave (the closer's flush let it run before the IO was
-    # marked closed). A wait on another IO is not the one the close meant.
-    def outdated?(fiber, resumed, io)
-      return false if !resumed || (@resumes[fiber] || 0) == resumed
+    # Whether an interrupt of a Fiber is for a wait that is over. From an IO#close (`closing`: the IOs it
+    # closes, CloseWatch says which), it is for a wait on them: the fiber's wait now, or the one an
+    # event has ended and it has not left yet (the close raises there, as for a thread). Otherwise,
+    # `ios` being what it waited on when the interrupt came, one that came before the loop resumed
+    # the fiber once more may be for a wait an event had ended: it stands if the fiber waits on the
+    # same IO again, which Ruby's IO#close may still wait for it to leave (the closer's flush let it
+    # run before the IO was marked closed).
+    def outdated?(fiber, resumed, ios, closing)
+      return false unless resumed # a stand-in's: always raised
+      return !waits_on?(fiber, closing) if closing
+      return false if (@resumes[fiber] || 0) == resumed
 
-      io.nil? || !@watched[io]&.each_key&.any? { |waiter| waiter.fiber.equal?(fiber) }
+      !waits_on?(fiber, ios)
     end
 
-    # The IO `fiber` waits on, or was made ready from and has not run since (nil: none). From any
-    # thread: it reads copies, made in one call each, of what the loop's thread may change meanwhile.
-    def waited_io(fiber)
+    def waits_on?(fiber, ios)
+      ios.any? { |io| @watched[io]&.each_key&.any? { |waiter| waiter.fiber.equal?(fiber) } } ||
+        @ready.any? do |waiter|
+          waiter.fiber.equal?(fiber) && waiter.state == :ready && waiter.watches&.any? { |io, _| ios.include?(io) }
+        end
+    end
+
+    # The IOs `fiber` waits on, or was made ready from and has not run since. From any thread: it
+    # reads copies, made in one call each, of what the loop's thread may change meanwhile.
+    def waited_ios(fiber)
       waiter = @ready.dup.find { |candidate| candidate.fiber.equal?(fiber) && candidate.state == :ready } ||
                @watched.values.lazy.flat_map(&:keys).find { |candidate| candidate.fiber.equal?(fiber) }
-      waiter&.watches&.first&.first
+      (waiter&.watches || []).map(&:first)
     end
 
     # Raises `exception` in `fiber`, or through a stand-in for one (whose raise switches to a fiber
@@ -638,12 +650,14 @@ module Evt
         raise TypeError, "evt: fiber_interrupt needs a Fiber, or an object that answers alive?, raise and " \
                          "transfer; #{fiber.class} does not answer #{missing}"
       end
-      # Dropped if the loop resumed the fiber since and it does not wait on the same IO again
-      # (#outdated?): Ruby 4.0's IO#close interrupts the fibers in a read, write or wait of the IO, and
-      # a fiber already made ready by an event leaves it on its own; the exception would land in
-      # whatever it waits for next, such as a finalizer's. (A stand-in's fiber is not the loop's.)
+      # Dropped when the wait it is for is over (#outdated?): Ruby 4.0's IO#close interrupts the
+      # fibers in a read, write or wait of the IO, and a fiber already made ready by an event, or
+      # running (another thread's close can come while this loop runs Ruby code in its read), leaves
+      # it on its own; the exception would land in whatever it waits for next, such as a finalizer's.
+      # (A stand-in's fiber is not the loop's to count.)
       resumed = fiber.is_a?(Fiber) && ((@resumes ||= ObjectSpace::WeakMap.new)[fiber] || 0)
-      request(:interrupt, fiber, [exception, resumed, resumed && waited_io(fiber)])
+      closing = Thread.current[:__evt_closing]
+      request(:interrupt, fiber, [exception, resumed, resumed && !closing ? waited_ios(fiber) : [], closing])
       nil
     end
 

@@ -45,6 +45,17 @@ module Evt
         loops.each_key { |loop| loop.__send__(:io_closing, io) if loop.__send__(:knows?, io) } if io.closed?
       end
 
+      # Runs the block with `ios` noted as what this fiber closes: Ruby 4.0's fiber_interrupt, which
+      # the close calls, is then for the waits on them (SelectLoop#fiber_interrupt).
+      # @api private
+      def closing_these(ios)
+        before = Thread.current[:__evt_closing]
+        Thread.current[:__evt_closing] = ios
+        yield
+      ensure
+        Thread.current[:__evt_closing] = before
+      end
+
       # @api private
       # @return [IO, nil] the IO that IO.popen's "r+" IO writes through, while it is open
       def write_io(io)
@@ -79,7 +90,7 @@ module Evt
           SelectLoop.closing(write_io) if write_io
         end
         Thread.current[:__evt_inline_offload] = true # close(2) runs here (Scheduling#blocking_operation_wait)
-        super
+        SelectLoop.closing_these([self, write_io].compact) { super }
       ensure
         Thread.current[:__evt_inline_offload] = nil
         SelectLoop.closed(self)
@@ -90,7 +101,7 @@ module Evt
       # end of file).
       def close_read
         SelectLoop.closing(self) { SelectLoop.closes_for?(self, :read) } unless closed?
-        super
+        SelectLoop.closing_these([self]) { super }
       ensure
         SelectLoop.closed(self)
       end
@@ -99,7 +110,7 @@ module Evt
       def close_write
         write_io = SelectLoop.write_io(self) || self
         SelectLoop.closing(write_io) { SelectLoop.closes_for?(write_io, :write) } unless write_io.closed?
-        super
+        SelectLoop.closing_these([write_io]) { super }
       ensure
         SelectLoop.closed(write_io) if write_io
       end
