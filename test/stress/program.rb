@@ -55,7 +55,7 @@ module Stress
       pipe_stream unix_stream tcp_stream timeout_fires timeout_spares io_timeout wait_readable_limit
       close_from_fiber close_from_thread io_select queue sized_queue queue_pop_timeout mutex condition
       thread_feeds_fibers fibers_feed_thread child_process nested_fibers many_fibers fork_child
-      close_when_ready finalizer_work
+      close_when_ready finalizer_work raise_into_wait kill_in_wait queue_close closed_reader
     ].freeze
 
     # The ingredients that fork (not where a program forbids it: EVT_STRESS_FORK=0).
@@ -272,7 +272,7 @@ module Stress
     def close_when_ready(random)
       trigger_r, trigger_w = IO.pipe # the closer waits here
       reader, writer = IO.pipe
-      read = after = nil
+      read = after = closer = nil
       reading = lambda do
         read = begin
           reader.readpartial(1)
@@ -282,12 +282,19 @@ module Stress
         after = another_wait(random)
       end
       closing = -> { trigger_r.read(1) && reader.close }
-      [reading, closing].shuffle(random: random).each { |body| task(:close_when_ready, &body) } # the order they wait in
+      if random.rand(4) == 0 # the closer is another thread: it closes at any moment of the fiber's read
+        closer = Thread.new(&closing)
+        task(:close_when_ready, &reading)
+      else
+        [reading, closing].shuffle(random: random).each { |body| task(:close_when_ready, &body) } # the order they wait in
+      end
       task(:close_when_ready) do
         sleep 0 if random.rand(2) == 0
-        [writer, trigger_w].shuffle(random: random).each { |io| io.write("x") } # the order events come in
+        order = closer ? [writer, trigger_w] : [writer, trigger_w].shuffle(random: random) # (a thread closes at once)
+        order.each { |io| io.write("x") } # the order events come in
       end
       lambda do
+        closer&.join
         [trigger_r, trigger_w, writer].each(&:close)
         (["x", :closed].include?(read) && after == :done) || "read #{read.inspect}, then #{after.inspect}"
       end
@@ -301,6 +308,97 @@ module Stress
       else IO.pipe.then { |r, w| r.wait_readable(random.rand(0.0..0.003)).tap { r.close; w.close } }
       end
       :done
+    end
+
+    # A wait of a random kind that another fiber ends early (`stop`, given the waiting fiber), with
+    # what it holds: [the wait's name, a block that runs it, a block that cleans up after].
+    def early_ended_wait(random)
+      case random.rand(5)
+      when 0
+        r, w = IO.pipe
+        [:read, -> { r.read(1) }, -> { [r, w].each(&:close) }]
+      when 1 then [:sleep, -> { sleep 30 }, -> {}]
+      when 2 then [:pop, -> { Thread::Queue.new.pop }, -> {}]
+      when 3
+        lock = Thread::Mutex.new
+        holder = Fiber.schedule { lock.synchronize { sleep 0.05 } }
+        [:lock, -> { lock.synchronize {} }, -> { holder }]
+      else
+        lock = Thread::Mutex.new
+        [:condition, -> { lock.synchronize { Thread::ConditionVariable.new.wait(lock) } }, -> {}]
+      end
+    end
+
+    # Fiber#raise into a fiber in a wait: the exception comes out of that wait, and the wait leaves
+    # nothing behind (the fiber's next wait ends by itself).
+    def raise_into_wait(random)
+      name, wait, clean = early_ended_wait(random)
+      error = Class.new(StandardError)
+      got = after = nil
+      waiter = task(:raise_into_wait) do
+        wait.call
+        got = :returned
+      rescue error
+        got = :raised
+        after = another_wait(random)
+      end
+      task(:raise_into_wait) do
+        sleep random.rand(0.0..0.003)
+        waiter.raise(error) if waiter.alive?
+      end
+      -> { clean.call; [got, after] == %i[raised done] || "#{name}: #{got.inspect}, then #{after.inspect}" }
+    end
+
+    # Fiber#kill of a fiber in a wait: its ensure runs, and the loop goes on without it (a fiber
+    # waiting on the same lock or queue after it still gets in).
+    def kill_in_wait(random)
+      name, wait, clean = early_ended_wait(random)
+      ensured = false
+      waiter = task(:kill_in_wait) do
+        wait.call
+      ensure
+        ensured = true
+      end
+      killed = nil
+      task(:kill_in_wait) do
+        sleep random.rand(0.0..0.003)
+        killed = waiter.alive? ? (waiter.kill && :killed) : :ended # (kill can find it already ended)
+      end
+      -> { clean.call; (ensured && !waiter.alive? && killed == :killed) || "#{name}: ensure #{ensured}, #{killed.inspect}" }
+    end
+
+    # Queue#close with fibers popping, SizedQueue#close with fibers pushing into a full queue: the
+    # poppers get nil, the pushers ClosedQueueError.
+    def queue_close(random)
+      sized = random.rand(2) == 0
+      queue = sized ? Thread::SizedQueue.new(1).tap { |q| q << :full } : Thread::Queue.new
+      waiters = random.rand(1..4)
+      got = []
+      waiters.times do
+        task(:queue_close) do
+          got << (sized ? queue.push(:more) : queue.pop).inspect
+        rescue ClosedQueueError
+          got << :closed_queue_error
+        end
+      end
+      task(:queue_close) { sleep random.rand(0.0..0.003); queue.close }
+      expected = [sized ? :closed_queue_error : "nil"] * waiters
+      -> { got == expected || "#{got.inspect}, not #{expected.inspect}" }
+    end
+
+    # A writer waiting on a full pipe whose reader another fiber closes: Errno::EPIPE, as without a
+    # scheduler (Ruby ignores SIGPIPE).
+    def closed_reader(random)
+      reader, writer = IO.pipe
+      got = nil
+      task(:closed_reader) do
+        writer.write("x" * random.rand(70_000..300_000)) # past a pipe's 64 kB: it waits
+        got = :written
+      rescue Errno::EPIPE
+        got = :epipe
+      end
+      task(:closed_reader) { sleep random.rand(0.0..0.003); reader.close }
+      -> { writer.close rescue nil; got == :epipe || got.inspect } # rubocop:disable Style/RescueModifier
     end
 
     # Objects whose finalizers remove a file (as Tempfile's do), collected by the GCs a scheduled
