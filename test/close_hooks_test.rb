@@ -95,6 +95,38 @@ class CloseHooksTest < Minitest::Test
     [other_r, other_w].each { |io| io&.close }
   end
 
+  # The same through IO#close, as Ruby 4.0 calls it: the reader, made ready by the byte written,
+  # finds its IO closed when it runs (IOError), and its next wait, on another IO, is left alone.
+  def test_a_close_behind_a_reader_made_ready_does_not_reach_its_next_wait
+    r, w = IO.pipe
+    other_r, other_w = IO.pipe
+    order = []
+    read = after = nil
+    evt do
+      Fiber.schedule do
+        r.wait_readable
+        order << :closer
+        r.close
+      end
+      Fiber.schedule do
+        read = begin
+          r.read(1)
+        rescue IOError
+          :closed
+        end
+        order << :reader
+        after = other_r.wait_readable(0.02).inspect
+      rescue IOError => e
+        after = e
+      end
+      Fiber.schedule { w.write("x") }
+    end
+    assert_equal %i[closer reader], order
+    assert_equal [:closed, "nil"], [read, after]
+  ensure
+    [r, w, other_r, other_w].each { |io| io&.close unless io&.closed? }
+  end
+
   # Another thread closes a file while a fiber reads it: the thread runs while the read has let go
   # of the GVL (the pure-Ruby loop's read, in Ruby, lets it in before and during the system call),
   # and Ruby 4.0's close interrupts the fiber, then waits for the read to end. The read ends on its

@@ -6,6 +6,7 @@
 #include "core.h"
 #include "object.h"
 #include "close.h"
+#include "requests.h"
 #include "wait.h"
 #include "closers.h"
 
@@ -46,9 +47,6 @@ closes_descriptor(VALUE io, int fd, int direction)
     return is_socket(fd) ? !(mode & other) : (mode & (FMODE_DUPLEX | other)) != other;
 }
 
-#if RUBY_API_VERSION_MAJOR < 4
-static ID id_inline_offload;
-
 struct super_call {
     int argc;
     VALUE *argv;
@@ -61,13 +59,38 @@ call_super(VALUE ptr)
     return rb_call_super(call->argc, call->argv);
 }
 
+#if RUBY_API_VERSION_MAJOR < 4
+static ID id_inline_offload;
+
 static VALUE
 inline_offload_end(VALUE unused)
 {
     rb_thread_local_aset(rb_thread_current(), id_inline_offload, Qnil);
     return Qnil;
 }
+#else
+static VALUE
+closing_end(VALUE before)
+{
+    evt_requests_closing(before);
+    return Qnil;
+}
 #endif
+
+/* Ruby's own close of `ios` (an IO, or an Array of them). Ruby 4.0 interrupts the fibers in a read,
+ * write or wait of them through fiber_interrupt, which learns which IOs from the note (requests.c):
+ * an interrupt is for a wait on them. */
+static VALUE
+close_super(int argc, VALUE *argv, VALUE ios)
+{
+#if RUBY_API_VERSION_MAJOR >= 4
+    struct super_call call = {argc, argv};
+    return rb_ensure(call_super, (VALUE)&call, closing_end, evt_requests_closing(ios));
+#else
+    (void)ios;
+    return rb_call_super(argc, argv);
+#endif
+}
 
 /* IO#close: the waiters on this IO, and on the IO its writes go to (IO.popen's), first. Ruby 3.4
  * then hands close(2) to the scheduler's blocking_operation_wait; on a worker thread that would
@@ -85,7 +108,8 @@ io_close(int argc, VALUE *argv, VALUE io)
         if (write_fd >= 0) wake_waiters(write_io, write_fd);
     }
 #if RUBY_API_VERSION_MAJOR >= 4
-    return rb_call_super(argc, argv);
+    VALUE write_io = evt_rubyio_write_io(io);
+    return close_super(argc, argv, NIL_P(write_io) ? io : rb_ary_new_from_args(2, io, write_io));
 #else
     struct super_call call = {argc, argv};
     rb_thread_local_aset(rb_thread_current(), id_inline_offload, Qtrue);
@@ -98,7 +122,7 @@ io_close_read(int argc, VALUE *argv, VALUE io)
 {
     int fd = evt_rubyio_fd(io);
     if (fd >= 0 && closes_descriptor(io, fd, FMODE_READABLE)) wake_waiters(io, fd);
-    return rb_call_super(argc, argv);
+    return close_super(argc, argv, io);
 }
 
 /* The same for the IO writes go to. */
@@ -109,7 +133,7 @@ io_close_write(int argc, VALUE *argv, VALUE io)
     if (NIL_P(write_io)) write_io = io;
     int fd = evt_rubyio_fd(write_io);
     if (fd >= 0 && closes_descriptor(write_io, fd, FMODE_WRITABLE)) wake_waiters(write_io, fd);
-    return rb_call_super(argc, argv);
+    return close_super(argc, argv, write_io);
 }
 
 void

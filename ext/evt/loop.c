@@ -122,12 +122,16 @@ interrupt_one(VALUE ptr)
     return Qnil;
 }
 
-/* Whether the interrupted fiber waits on the IO it waited on when the interrupt came. */
+/* Whether the interrupted fiber waits on the IO (or one of the IOs) the interrupt is for. */
 static int
 waits_again_visit(struct evt_waiter *w, void *arg)
 {
     const struct evt_request *request = arg;
-    return w->fiber == request->subject && w->io == request->io;
+    if (w->fiber != request->subject || NIL_P(w->io)) return 0;
+    if (!RB_TYPE_P(request->io, T_ARRAY)) return w->io == request->io;
+    for (long i = 0; i < RARRAY_LEN(request->io); i++)
+        if (RARRAY_AREF(request->io, i) == w->io) return 1;
+    return 0;
 }
 
 /* An interrupt that came before the loop resumed its fiber once more is for a wait that may be

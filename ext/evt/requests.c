@@ -6,6 +6,17 @@
 #include "object.h"
 #include "requests.h"
 
+static ID id_closing;
+
+VALUE
+evt_requests_closing(VALUE ios)
+{
+    if (!id_closing) id_closing = rb_intern("__evt_closing");
+    VALUE thread = rb_thread_current(), before = rb_thread_local_aref(thread, id_closing);
+    rb_thread_local_aset(thread, id_closing, ios);
+    return before;
+}
+
 struct waited_io {
     VALUE fiber;
     VALUE io;
@@ -26,10 +37,12 @@ evt_requests_push(struct evt_loop *loop, const struct evt_request *request)
     VALUE resumed = Qnil;
     struct waited_io waited = {request->subject, Qnil};
     if (request->kind == EVT_REQUEST_INTERRUPT && rb_obj_is_fiber(request->subject)) {
-        /* Its wait, even one an event has ended already (the waiter is in the ready queue until the
-         * fiber runs). Another thread may look too: whenever Ruby code runs, the GC may walk these
-         * lists, so they are whole then. */
-        evt_object_each_waiter(loop, waited_io_visit, &waited);
+        /* What the close calling this closes (closers.c notes it); else its wait's, even one an event
+         * has ended already (the waiter is in the ready queue until the fiber runs): a walk over
+         * every wait, which a close must not pay for each of its waiters. Another thread may look
+         * too: whenever Ruby code runs, the GC may walk these lists, so they are whole then. */
+        if (id_closing) waited.io = rb_thread_local_aref(rb_thread_current(), id_closing);
+        if (NIL_P(waited.io)) evt_object_each_waiter(loop, waited_io_visit, &waited);
         if (NIL_P(loop->requests.resumes)) {
             /* (The call may let another thread in, whose push made one meanwhile: that one stays.) */
             VALUE resumes = rb_funcall(rb_hash_new(), rb_intern("compare_by_identity"), 0);

@@ -16,11 +16,17 @@ struct evt_request {
     VALUE subject;
     VALUE argument;
     VALUE resumed; /* an interrupt of a Fiber: how often the loop had resumed it when it came; else nil */
-    VALUE io;      /* an interrupt of a Fiber: the IO its wait was on when it came (nil: none); else nil */
+    VALUE io;      /* an interrupt of a Fiber: the IO (or Array of IOs) it is for, nil: none known; else nil */
 };
 
+/* Notes, fiber-local, the IO (or Array of IOs) the current fiber's IO#close closes, for the
+ * fiber_interrupt calls Ruby 4.0 makes inside it; returns the note it replaces, to put back
+ * after (nil: none). */
+VALUE evt_requests_closing(VALUE ios);
+
 /* Queues a request and ends the loop's wait in the kernel; an interrupt of a Fiber is noted with
- * `resumed` and `io` as they are now (what the caller set is ignored). From any thread of the loop's
+ * `resumed` as it is now, and `io` as the IOs this fiber is closing (evt_requests_closing), else the
+ * IO of the fiber's wait now (what the caller set is ignored). From any thread of the loop's
  * Ractor. */
 void evt_requests_push(struct evt_loop *loop, const struct evt_request *request);
 /* The requests queued so far, oldest first, taken out of the queue (nil: none), for

@@ -656,7 +656,8 @@ module Evt
       # it on its own; the exception would land in whatever it waits for next, such as a finalizer's.
       # (A stand-in's fiber is not the loop's to count.)
       resumed = fiber.is_a?(Fiber) && ((@resumes ||= ObjectSpace::WeakMap.new)[fiber] || 0)
-      closing = Thread.current[:__evt_closing]
+      closing = Thread.current[:__evt_closing] # the C extension's IO#close notes an IO, or an Array of them
+      closing = [closing] unless closing.nil? || closing.is_a?(Array)
       request(:interrupt, fiber, [exception, resumed, resumed && !closing ? waited_ios(fiber) : [], closing])
       nil
     end
