@@ -403,11 +403,12 @@ module Stress
 
     # Objects whose finalizers remove a file (as Tempfile's do), collected by the GCs a scheduled
     # fiber's allocations start: the finalizers run inside that fiber, wherever it is, and each does
-    # its work without an error (Ruby 4.0 sends the unlink to the scheduler's blocking_operation_wait).
+    # its work without an error (Ruby 4.0 sends the unlink to the scheduler's blocking_operation_wait;
+    # one time in two each also sleeps 0, letting the other fibers run in the middle of it).
     def finalizer_work(random)
       dir = Dir.mktmpdir("evt-stress")
       paths = Array.new(random.rand(5..40)) { |i| File.join(dir, i.to_s).tap { |path| File.write(path, "") } }
-      state = { removed: [], errors: [], over: false }
+      state = { removed: [], errors: [], over: false, yields: random.rand(2) == 0 } # yields: sleep(0) in each
       ended = false
       task(:finalizer_work) do
         paths.each { |path| ObjectSpace.define_finalizer(Object.new, Program.remover(path, state)) }
@@ -430,6 +431,7 @@ module Stress
         next if state[:over]
 
         File.unlink(path)
+        sleep(0) if state[:yields] # a fiber switch inside a finalizer: other fibers run meanwhile
         state[:removed] << path
       rescue Exception => e # rubocop:disable Lint/RescueException: a finalizer's error is otherwise lost
         state[:errors] << "#{e.class}: #{e.message} at #{e.backtrace&.first(3)&.join(" < ")}"
