@@ -218,10 +218,14 @@ module Evt
   #
   #     # @!method fiber_interrupt(fiber, exception)
   #     #   Hook (Ruby 4.0): raises `exception` in `fiber`, which waits in this loop, on the loop's
-  #     #   next turn, unless the loop has resumed the fiber meanwhile (an event had made it ready)
-  #     #   and it does not wait on the same IO again: the wait Ruby meant is over, and the exception
-  #     #   would land in its next one. Safe from any thread. `fiber` may also be an object that answers alive?, raise and transfer (a
-  #     #   wrapper around a fiber), whose exception is always raised.
+  #     #   next turn, unless the wait it is for is over: the loop has resumed the fiber meanwhile
+  #     #   (an event had made it ready) and it does not wait on the IOs being closed again (those
+  #     #   of the `IO#close` that calls this, which evt's close notes; called otherwise, the IO of
+  #     #   the fiber's wait when it came). The pure-Ruby loop, whose reads let another thread's
+  #     #   close in while the fiber runs, drops one from a close whenever the fiber does not wait
+  #     #   on those IOs. The exception would land in its next wait. Safe from any thread. `fiber`
+  #     #   may also be an object that answers alive?, raise and transfer (a wrapper around a
+  #     #   fiber), whose exception is always raised.
   #     #   @return [nil]
   #     #   @raise [TypeError] `fiber` is neither
   #   end

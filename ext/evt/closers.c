@@ -85,7 +85,9 @@ close_super(int argc, VALUE *argv, VALUE ios)
 {
 #if RUBY_API_VERSION_MAJOR >= 4
     struct super_call call = {argc, argv};
-    return rb_ensure(call_super, (VALUE)&call, closing_end, evt_requests_closing(ios));
+    VALUE before = evt_requests_closing(ios);
+    if (RB_UNDEF_P(before)) return rb_call_super(argc, argv);
+    return rb_ensure(call_super, (VALUE)&call, closing_end, before);
 #else
     (void)ios;
     return rb_call_super(argc, argv);
@@ -112,6 +114,7 @@ io_close(int argc, VALUE *argv, VALUE io)
     return close_super(argc, argv, NIL_P(write_io) ? io : rb_ary_new_from_args(2, io, write_io));
 #else
     struct super_call call = {argc, argv};
+    if (OBJ_FROZEN(rb_thread_current())) return rb_call_super(argc, argv); /* no flag: a worker closes */
     rb_thread_local_aset(rb_thread_current(), id_inline_offload, Qtrue);
     return rb_ensure(call_super, (VALUE)&call, inline_offload_end, Qnil);
 #endif

@@ -6,6 +6,7 @@
  * goes there too (test/yard_test.rb compares the two). */
 #include "core.h"
 #include "object.h"
+#include "requests.h"
 #include "loop.h"
 #include "wait.h"
 #include "hooks.h"
@@ -314,6 +315,7 @@ Init_evt(void)
     eFiberError = rb_const_get(rb_cObject, rb_intern("FiberError"));
     VALUE mEvt = rb_define_module("Evt");
     evt_object_init(mEvt);
+    evt_requests_init();
     evt_loop_init();
     evt_wait_init();
 

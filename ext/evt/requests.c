@@ -8,11 +8,18 @@
 
 static ID id_closing;
 
+void
+evt_requests_init(void)
+{
+    id_closing = rb_intern("__evt_closing");
+}
+
 VALUE
 evt_requests_closing(VALUE ios)
 {
-    if (!id_closing) id_closing = rb_intern("__evt_closing");
-    VALUE thread = rb_thread_current(), before = rb_thread_local_aref(thread, id_closing);
+    VALUE thread = rb_thread_current();
+    if (OBJ_FROZEN(thread)) return Qundef;
+    VALUE before = rb_thread_local_aref(thread, id_closing);
     rb_thread_local_aset(thread, id_closing, ios);
     return before;
 }
@@ -41,7 +48,7 @@ evt_requests_push(struct evt_loop *loop, const struct evt_request *request)
          * has ended already (the waiter is in the ready queue until the fiber runs): a walk over
          * every wait, which a close must not pay for each of its waiters. Another thread may look
          * too: whenever Ruby code runs, the GC may walk these lists, so they are whole then. */
-        if (id_closing) waited.io = rb_thread_local_aref(rb_thread_current(), id_closing);
+        waited.io = rb_thread_local_aref(rb_thread_current(), id_closing);
         if (NIL_P(waited.io)) evt_object_each_waiter(loop, waited_io_visit, &waited);
         if (NIL_P(loop->requests.resumes)) {
             /* (The call may let another thread in, whose push made one meanwhile: that one stays.) */

@@ -21,8 +21,10 @@ struct evt_request {
 
 /* Notes, fiber-local, the IO (or Array of IOs) the current fiber's IO#close closes, for the
  * fiber_interrupt calls Ruby 4.0 makes inside it; returns the note it replaces, to put back
- * after (nil: none). */
+ * after (nil: none), or Qundef when it cannot note (a frozen Thread: the close goes on without). */
 VALUE evt_requests_closing(VALUE ios);
+/* At load: the note's key. */
+void evt_requests_init(void);
 
 /* Queues a request and ends the loop's wait in the kernel; an interrupt of a Fiber is noted with
  * `resumed` as it is now, and `io` as the IOs this fiber is closing (evt_requests_closing), else the

@@ -49,11 +49,15 @@ module Evt
       # the close calls, is then for the waits on them (SelectLoop#fiber_interrupt).
       # @api private
       def closing_these(ios)
+        return yield if Thread.current.frozen? # no note: the close goes on without
+
         before = Thread.current[:__evt_closing]
-        Thread.current[:__evt_closing] = ios
-        yield
-      ensure
-        Thread.current[:__evt_closing] = before
+        begin
+          Thread.current[:__evt_closing] = ios
+          yield
+        ensure
+          Thread.current[:__evt_closing] = before
+        end
       end
 
       # @api private
@@ -89,10 +93,11 @@ module Evt
           write_io = SelectLoop.write_io(self)
           SelectLoop.closing(write_io) if write_io
         end
-        Thread.current[:__evt_inline_offload] = true # close(2) runs here (Scheduling#blocking_operation_wait)
+        # close(2) runs here (Scheduling#blocking_operation_wait); a frozen Thread takes no note
+        Thread.current[:__evt_inline_offload] = true unless (frozen = Thread.current.frozen?)
         SelectLoop.closing_these([self, write_io].compact) { super }
       ensure
-        Thread.current[:__evt_inline_offload] = nil
+        Thread.current[:__evt_inline_offload] = nil unless frozen
         SelectLoop.closed(self)
         SelectLoop.closed(write_io) if write_io
       end
