@@ -315,6 +315,28 @@ require_relative "evt/resolver" # loads socket
 # BasicSocket has a close_read and close_write of its own, which close the descriptor once both
 # directions are shut down: they must wake the waiters first too (ext/evt/closers.c).
 BasicSocket.prepend(Evt::SocketShutdownWakesWaiters) if defined?(Evt::SocketShutdownWakesWaiters)
+
+module Evt
+  # IO.popen's block form closes the IO when the block ends by Ruby's own close, past IO#close and
+  # so past evt's check: a fiber still reading the IO was never woken (a hang at the loop's end), or
+  # on Ruby 4.0, with the block on the thread's blocking fiber, Ruby's close waited for that fiber
+  # while the loop could not run it. The IO is closed through IO#close when the block ends; Ruby's
+  # close then finds it closed, and the child has been waited for ($?) as before.
+  # @api private
+  module PopenClosesThroughIOClose
+    # IO.popen; with a block, its IO closed through IO#close at the block's end.
+    def popen(*arguments, **options, &block)
+      return super unless block
+
+      super(*arguments, **options) do |io|
+        yield io
+      ensure
+        io.close if io && !io.closed? # nil: the child of popen("-")
+      end
+    end
+  end
+end
+IO.singleton_class.prepend(Evt::PopenClosesThroughIOClose)
 require_relative "evt/buffer_warning"
 require_relative "evt/blocking_pool"
 require_relative "evt/insight"

@@ -65,6 +65,38 @@ class CloseTest < Minitest::Test
     assert outcome[1], "the pipe is still open"
   end
 
+  # IO.popen's block form closes its IO by Ruby's own close, which skips IO#close: a fiber still
+  # reading it must be woken all the same, from a scheduled fiber and from the thread's blocking
+  # fiber (on Ruby 4.0 that close waited for the reader, which the loop could then not run).
+  def test_a_popen_blocks_io_closed_at_its_end_wakes_its_reader
+    [false, true].each do |from_blocking_fiber|
+      outcome = status = nil
+      popen = lambda do
+        IO.popen([RbConfig.ruby, "-e", "sleep 0.3; puts :late"]) do |io|
+          Fiber.schedule do
+            outcome = io.read
+          rescue IOError => e
+            outcome = e
+          end
+        end
+        status = $?
+      end
+      runner = Thread.new do
+        if from_blocking_fiber
+          Fiber.set_scheduler(Evt::Scheduler.new)
+          popen.call
+        else
+          evt(&popen)
+        end
+      end
+      assert runner.join(20), "the reader of the popen IO hung (from the blocking fiber: #{from_blocking_fiber})"
+      assert_instance_of IOError, outcome, "from the blocking fiber: #{from_blocking_fiber}"
+      assert_instance_of Process::Status, status, "the child was not waited for"
+    ensure
+      runner&.kill
+    end
+  end
+
   def test_readers_of_a_socket_raise_ioerror
     a, b = UNIXSocket.pair
     outcomes = close_while_waiting(a, [-> { a.gets }, -> { a.recv(10) }, -> { a.wait_readable(5) }, -> { a.read(1) }])
