@@ -55,7 +55,7 @@ module Stress
       pipe_stream unix_stream tcp_stream timeout_fires timeout_spares io_timeout wait_readable_limit
       close_from_fiber close_from_thread io_select queue sized_queue queue_pop_timeout mutex condition
       thread_feeds_fibers fibers_feed_thread child_process nested_fibers many_fibers fork_child
-      close_when_ready finalizer_work raise_into_wait kill_in_wait queue_close closed_reader
+      close_when_ready finalizer_work raise_into_wait kill_in_wait queue_close closed_reader popen_block
     ].freeze
 
     # The ingredients that fork (not where a program forbids it: EVT_STRESS_FORK=0).
@@ -532,6 +532,27 @@ module Stress
         _, status = Process.wait2(pid)
       end
       -> { status&.exitstatus == code || "exit status #{status.inspect}, not #{code}" }
+    end
+
+    # IO.popen's block form, a fiber reading the child's output while the block ends at a random
+    # moment: the reader gets the whole output or IOError (the block's end closes the IO), and the
+    # child's status is the code it exits with.
+    def popen_block(random)
+      code = random.rand(0..100)
+      delay = random.rand(0.0..0.02)
+      got = status = nil
+      task(:popen_block) do
+        IO.popen([RbConfig.ruby, "--disable-gems", "-e", "sleep #{delay}; print :out; exit #{code}"]) do |io|
+          Fiber.schedule do
+            got = io.read
+          rescue IOError
+            got = :closed
+          end
+          sleep random.rand(0.0..0.03)
+        end
+        status = $?
+      end
+      -> { (["out", :closed].include?(got) && status&.exitstatus == code) || "read #{got.inspect}, status #{status.inspect}" }
     end
 
     # Fibers that schedule fibers that schedule fibers.
