@@ -56,6 +56,7 @@ module Stress
       close_from_fiber close_from_thread io_select queue sized_queue queue_pop_timeout mutex condition
       thread_feeds_fibers fibers_feed_thread child_process nested_fibers many_fibers fork_child
       close_when_ready finalizer_work raise_into_wait kill_in_wait queue_close closed_reader popen_block
+      timeout_races
     ].freeze
 
     # The ingredients that fork (not where a program forbids it: EVT_STRESS_FORK=0).
@@ -230,6 +231,32 @@ module Stress
         outcome = :timed_out
       end
       -> { [reader, writer].each(&:close); outcome == :timed_out || outcome.inspect }
+    end
+
+    # IO#timeout running out about when the data comes, again and again: a read that times out has
+    # taken nothing, so the bytes all arrive, in order, whatever the timeouts interleave with.
+    def timeout_races(random)
+      reader, writer = IO.pipe
+      reader.timeout = random.rand(0.0005..0.003)
+      pieces = Array.new(random.rand(5..30)) { |i| "#{i}:#{"x" * random.rand(1..200)};" }
+      got = +""
+      timeouts = 0
+      task(:timeout_races) do
+        while got.bytesize < pieces.sum(&:bytesize)
+          begin
+            got << reader.readpartial(4096)
+          rescue IO::TimeoutError
+            timeouts += 1
+          end
+        end
+      end
+      task(:timeout_races) do
+        pieces.each do |piece|
+          sleep random.rand(0.0..0.003)
+          writer.write(piece)
+        end
+      end
+      -> { [reader, writer].each(&:close); got == pieces.join || "#{got.bytesize} bytes of #{pieces.join.bytesize}, #{timeouts} timeouts" }
     end
 
     def wait_readable_limit(random)
