@@ -135,9 +135,10 @@ waits_again_visit(struct evt_waiter *w, void *arg)
 }
 
 /* An interrupt that came before the loop resumed its fiber once more is for a wait that may be
- * over (an event had made the fiber ready) and is dropped, unless the fiber waits on the same IO
- * again, which Ruby's IO#close may still be waiting for it to leave (the closer's flush let it run
- * before the IO was marked closed). A wait on another IO is not the one the close meant. */
+ * over (an event had made the fiber ready) and is dropped, unless the fiber waits again on an IO
+ * it is for (those the close notes, requests.c), which Ruby's IO#close may still be waiting for
+ * it to leave (the closer's flush let it run before the IO was marked closed). A wait on another
+ * IO is not the one the close meant. */
 static int
 interrupt_outdated(struct evt_loop *loop, const struct evt_request *request)
 {
