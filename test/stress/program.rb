@@ -337,8 +337,9 @@ module Stress
       :done
     end
 
-    # A wait of a random kind that another fiber ends early (`stop`, given the waiting fiber), with
-    # what it holds: [the wait's name, a block that runs it, a block that cleans up after].
+    # A wait of a random kind that never ends by itself (another fiber ends it), with what it holds:
+    # [the wait's name, a block that runs it, a block that cleans up after]. The lock's holder keeps
+    # it a while, then lets go on its own.
     def early_ended_wait(random)
       case random.rand(5)
       when 0
@@ -348,8 +349,8 @@ module Stress
       when 2 then [:pop, -> { Thread::Queue.new.pop }, -> {}]
       when 3
         lock = Thread::Mutex.new
-        holder = Fiber.schedule { lock.synchronize { sleep 0.05 } }
-        [:lock, -> { lock.synchronize {} }, -> { holder }]
+        Fiber.schedule { lock.synchronize { sleep 0.05 } }
+        [:lock, -> { lock.synchronize {} }, -> {}]
       else
         lock = Thread::Mutex.new
         [:condition, -> { lock.synchronize { Thread::ConditionVariable.new.wait(lock) } }, -> {}]

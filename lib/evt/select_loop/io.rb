@@ -138,7 +138,8 @@ module Evt
           end
         end
       end
-      result == EBADF ? closed_meanwhile(io) || result : result
+      closed_meanwhile(io) if result == EBADF
+      result
     rescue Errno::EBADF
       closed_meanwhile(io)
       raise
