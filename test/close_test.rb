@@ -426,6 +426,38 @@ class CloseTest < Minitest::Test
     assert_operator costs[1], :<, costs[0] * 10 + 0.000_05, "closing cost #{costs.map { |c| (c * 1e6).round(1) }} µs"
   end
 
+  # With thousands of fibers alive every minor GC marks them all, so an object made per close costs
+  # more than the close: evt's closes of IOs with a waiter make no more objects than Ruby's own
+  # closes under blocked threads (the IOError, its backtrace and, on Ruby 4.0, a Mutex).
+  def test_a_close_under_a_waiter_makes_no_more_objects_than_ruby_does_for_threads
+    skip "the pure-Ruby loop's closes are written in Ruby and allocate" if SELECT
+    count = 200
+    per_close = lambda do |pipes, &wait_for_readers|
+      before = GC.stat(:total_allocated_objects)
+      pipes.each { |r, _| r.close }
+      wait_for_readers.call
+      (GC.stat(:total_allocated_objects) - before).fdiv(count)
+    end
+
+    pipes = Array.new(count) { IO.pipe }
+    threads = pipes.map { |r, _| Thread.new { r.read(1) rescue IOError } }
+    Thread.pass until threads.all? { |t| t.status == "sleep" }
+    by_threads = per_close.call(pipes) { threads.each(&:join) }
+    pipes.each { |_, w| w.close }
+
+    pipes = Array.new(count) { IO.pipe }
+    woken = 0
+    by_evt = nil
+    evt do
+      pipes.each { |r, _| Fiber.schedule { r.read(1) rescue woken += 1 } }
+      Fiber.schedule { by_evt = per_close.call(pipes) { sleep 0 until woken == count } }
+    end
+    pipes.each { |_, w| w.close }
+    assert_equal count, woken
+    assert_operator by_evt, :<=, by_threads + 0.5,
+                    "objects made per close: #{by_evt.round(2)} under evt, #{by_threads.round(2)} under threads"
+  end
+
   def test_an_io_nobody_waits_on_closes_as_usual
     r, w = IO.pipe
     evt do

@@ -175,12 +175,15 @@ struct evt_loop {
     unsigned char finished;   /* closed for good: nothing opens its kernel objects again */
     unsigned forks;           /* evt_object_forks when the kernel objects were made */
     unsigned epoch;           /* changes when the loop forgets its waiters (evt_object_forget) */
-    /* From other threads (requests.c): a Ruby Array of requests, or nil; and, while fiber interrupts
-     * are queued, how often the loop has resumed each of their fibers (a Hash, else nil). */
+    /* From other threads (requests.c): the queued requests (a Ruby Array, or nil), an emptied Array
+     * for the next queue (or nil), and, while fiber interrupts are queued (`counting`), how often the
+     * loop has resumed each of their fibers (a Hash kept between uses, else nil). */
     struct {
         VALUE list;
-        int pending;
+        VALUE spare;
         VALUE resumes;
+        int pending;
+        int counting;
     } requests;
     struct evt_stats stats;
     struct evt_stall stall;

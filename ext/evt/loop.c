@@ -155,14 +155,14 @@ serve_requests(struct evt_loop *loop, int interrupts)
     if (!loop->requests.pending) return;
     VALUE taken = evt_requests_take(loop);
     if (NIL_P(taken)) return;
-    long count = RARRAY_LEN(taken);
+    long count = evt_requests_count(taken);
     loop->stats.requests += (uint64_t)count;
     for (long i = 0; i < count; i++) {
         struct evt_request request = evt_requests_at(taken, i);
         if (request.kind == EVT_REQUEST_CLOSE) evt_close_heard(loop, request.subject, FIX2INT(request.argument));
     }
     if (!interrupts) {
-        evt_requests_keep(loop, taken, EVT_REQUEST_INTERRUPT, 0);
+        if (!evt_requests_keep(loop, taken, EVT_REQUEST_INTERRUPT, 0)) evt_requests_recycle(loop, taken);
         return;
     }
     VALUE own = Qnil; /* an exception for the loop fiber itself, raised once the rest is done */
@@ -185,6 +185,7 @@ serve_requests(struct evt_loop *loop, int interrupts)
             rb_jump_tag(state);
         }
     }
+    evt_requests_recycle(loop, taken);
     evt_requests_settle(loop);
     if (!NIL_P(own)) rb_exc_raise(own);
 }

@@ -236,6 +236,7 @@ loop_mark(void *ptr)
     rb_gc_mark_movable(loop->current);
     rb_gc_mark_movable(loop->thread);
     rb_gc_mark_movable(loop->requests.list);
+    rb_gc_mark_movable(loop->requests.spare);
     rb_gc_mark_movable(loop->requests.resumes);
     rb_gc_mark(loop->early_unblock);
     rb_gc_mark(loop->launch.fiber);
@@ -274,6 +275,7 @@ loop_compact(void *ptr)
     loop->current = rb_gc_location(loop->current);
     loop->thread = rb_gc_location(loop->thread);
     loop->requests.list = rb_gc_location(loop->requests.list);
+    loop->requests.spare = rb_gc_location(loop->requests.spare);
     loop->requests.resumes = rb_gc_location(loop->requests.resumes);
     for (int fd = 0; fd < loop->registrations_size; fd++) {
         struct evt_registration *reg = loop->registrations[fd];
@@ -407,7 +409,7 @@ evt_object_alloc(VALUE klass)
     loop->loop_fiber = Qnil;
     loop->current = Qnil;
     loop->thread = Qnil;
-    loop->requests.list = loop->requests.resumes = Qnil;
+    loop->requests.list = loop->requests.spare = loop->requests.resumes = Qnil;
     loop->early_unblock = Qnil;
     loop->launch.fiber = loop->launch.caller = loop->launch.error = Qnil;
     loop->listing.ractor = evt_object_ractor_serial();
@@ -491,7 +493,7 @@ loop_after_fork(struct evt_loop *loop)
     loop->kernel.ops = 0; /* the parent's, in the parent's ring */
     evt_object_forget(loop);
     loop->requests.list = loop->requests.resumes = Qnil; /* the other threads are not in the child */
-    loop->requests.pending = 0;
+    loop->requests.pending = loop->requests.counting = 0;
     loop->launch.fiber = Qnil; /* perhaps another thread's, which the child has not */
     loop->kernel.blocked = 0;
     loop->kernel.woken = 0;

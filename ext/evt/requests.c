@@ -1,7 +1,9 @@
 /* Requests from other threads: a queue on the loop (loop->requests, a Ruby Array the GC sees
- * through the loop), each request an Array [kind, subject, argument, resumed, io]. Made rarely (another
- * thread's IO#close of an IO this loop's fibers wait on, Ruby 4.0's fiber_interrupt), so allocating
- * is fine. */
+ * through the loop), each request SLOTS values in a row: kind, subject, argument, resumed, io. On
+ * Ruby 4.0 every IO#close of an IO a fiber waits on queues an interrupt, so a request allocates
+ * nothing: the queue's Array is emptied and used again, and so is the Hash of resume counts. With
+ * thousands of fibers alive a minor GC marks every one of them, so each object made per close
+ * costs that close more than the rest of its work. */
 #include "core.h"
 #include "object.h"
 #include "requests.h"
@@ -38,6 +40,8 @@ waited_io_visit(struct evt_waiter *w, void *arg)
     return 1;
 }
 
+enum { SLOT_KIND, SLOT_SUBJECT, SLOT_ARGUMENT, SLOT_RESUMED, SLOT_IO, SLOTS };
+
 void
 evt_requests_push(struct evt_loop *loop, const struct evt_request *request)
 {
@@ -55,12 +59,16 @@ evt_requests_push(struct evt_loop *loop, const struct evt_request *request)
             VALUE resumes = rb_funcall(rb_hash_new(), rb_intern("compare_by_identity"), 0);
             if (NIL_P(loop->requests.resumes)) loop->requests.resumes = resumes;
         }
+        loop->requests.counting = 1;
         resumed = rb_hash_lookup2(loop->requests.resumes, request->subject, INT2FIX(0));
         rb_hash_aset(loop->requests.resumes, request->subject, resumed);
     }
-    if (NIL_P(loop->requests.list)) loop->requests.list = rb_ary_new();
-    rb_ary_push(loop->requests.list,
-                rb_ary_new_from_args(5, INT2FIX(request->kind), request->subject, request->argument, resumed, waited.io));
+    if (NIL_P(loop->requests.list)) {
+        loop->requests.list = NIL_P(loop->requests.spare) ? rb_ary_new_capa(SLOTS) : loop->requests.spare;
+        loop->requests.spare = Qnil;
+    }
+    const VALUE slots[SLOTS] = {INT2FIX(request->kind), request->subject, request->argument, resumed, waited.io};
+    rb_ary_cat(loop->requests.list, slots, SLOTS);
     loop->requests.pending = 1;
     evt_core_wake(loop);
 }
@@ -74,40 +82,68 @@ evt_requests_take(struct evt_loop *loop)
     return taken;
 }
 
+long
+evt_requests_count(VALUE taken)
+{
+    return RARRAY_LEN(taken) / SLOTS;
+}
+
 struct evt_request
 evt_requests_at(VALUE taken, long index)
 {
-    VALUE request = RARRAY_AREF(taken, index);
+    const long at = index * SLOTS;
     return (struct evt_request){
-        .kind = (enum evt_request_kind)FIX2INT(RARRAY_AREF(request, 0)),
-        .subject = RARRAY_AREF(request, 1),
-        .argument = RARRAY_AREF(request, 2),
-        .resumed = RARRAY_AREF(request, 3),
-        .io = RARRAY_AREF(request, 4),
+        .kind = (enum evt_request_kind)FIX2INT(RARRAY_AREF(taken, at + SLOT_KIND)),
+        .subject = RARRAY_AREF(taken, at + SLOT_SUBJECT),
+        .argument = RARRAY_AREF(taken, at + SLOT_ARGUMENT),
+        .resumed = RARRAY_AREF(taken, at + SLOT_RESUMED),
+        .io = RARRAY_AREF(taken, at + SLOT_IO),
     };
 }
 
 int
 evt_requests_stale(struct evt_loop *loop, const struct evt_request *request)
 {
-    if (NIL_P(request->resumed) || NIL_P(loop->requests.resumes)) return 0;
+    if (NIL_P(request->resumed) || !loop->requests.counting) return 0;
     return rb_hash_lookup2(loop->requests.resumes, request->subject, request->resumed) != request->resumed;
 }
 
 void
 evt_requests_settle(struct evt_loop *loop)
 {
-    if (NIL_P(loop->requests.list)) loop->requests.resumes = Qnil;
+    if (!NIL_P(loop->requests.list) || !loop->requests.counting) return;
+    loop->requests.counting = 0;
+    rb_hash_clear(loop->requests.resumes);
 }
 
 void
+evt_requests_recycle(struct evt_loop *loop, VALUE taken)
+{
+    if (!NIL_P(loop->requests.spare)) return;
+    rb_ary_clear(taken);
+    loop->requests.spare = taken;
+}
+
+int
 evt_requests_keep(struct evt_loop *loop, VALUE taken, enum evt_request_kind kind, long index)
 {
-    VALUE kept = rb_ary_new();
-    for (long i = index; i < RARRAY_LEN(taken); i++)
-        if (evt_requests_at(taken, i).kind == kind) rb_ary_push(kept, RARRAY_AREF(taken, i));
-    if (RARRAY_LEN(kept) == 0) return;
-    if (!NIL_P(loop->requests.list)) rb_ary_concat(kept, loop->requests.list);
-    loop->requests.list = kept;
+    /* In place, so that an interrupt held over a turn makes no object: those of `kind` move to the
+     * front of taken, which then becomes the queue, with what was queued since after them. */
+    long kept = 0;
+    for (long i = index; i < evt_requests_count(taken); i++) {
+        if (evt_requests_at(taken, i).kind != kind) continue;
+        for (int slot = 0; slot < SLOTS; slot++)
+            rb_ary_store(taken, kept * SLOTS + slot, RARRAY_AREF(taken, i * SLOTS + slot));
+        kept++;
+    }
+    if (kept == 0) return 0;
+    rb_ary_resize(taken, kept * SLOTS);
+    VALUE since = loop->requests.list;
+    if (!NIL_P(since)) {
+        rb_ary_concat(taken, since);
+        evt_requests_recycle(loop, since);
+    }
+    loop->requests.list = taken;
     loop->requests.pending = 1;
+    return 1;
 }

@@ -32,15 +32,19 @@ void evt_requests_init(void);
  * Ractor. */
 void evt_requests_push(struct evt_loop *loop, const struct evt_request *request);
 /* The requests queued so far, oldest first, taken out of the queue (nil: none), for
- * evt_requests_at. The loop's own thread. */
+ * evt_requests_count and evt_requests_at, then evt_requests_recycle. The loop's own thread. */
 VALUE evt_requests_take(struct evt_loop *loop);
+/* How many requests what evt_requests_take gave holds. */
+long evt_requests_count(VALUE taken);
 /* The request at `index` of what evt_requests_take gave. */
 struct evt_request evt_requests_at(VALUE taken, long index);
+/* Hands what evt_requests_take gave back, served, to be emptied and used for a later queue. */
+void evt_requests_recycle(struct evt_loop *loop, VALUE taken);
 /* Counts a resume of `fiber` by the loop, while interrupts are queued (loop->requests.resumes). */
 static inline void
 evt_requests_resumed(struct evt_loop *loop, VALUE fiber)
 {
-    if (RB_UNLIKELY(!NIL_P(loop->requests.resumes))) {
+    if (RB_UNLIKELY(loop->requests.counting)) {
         VALUE count = rb_hash_lookup2(loop->requests.resumes, fiber, Qundef);
         if (!RB_UNDEF_P(count)) rb_hash_aset(loop->requests.resumes, fiber, LONG2FIX(FIX2LONG(count) + 1));
     }
@@ -50,10 +54,11 @@ evt_requests_resumed(struct evt_loop *loop, VALUE fiber)
  * exception would land in whatever the fiber waits for next (loop.c keeps it only for a new wait
  * on the same IO). */
 int evt_requests_stale(struct evt_loop *loop, const struct evt_request *request);
-/* Lets go of the resume counts once no request is queued. */
+/* Forgets the resume counts once no request is queued (the Hash stays, emptied, for the next). */
 void evt_requests_settle(struct evt_loop *loop);
 /* Puts the requests of `kind` from `index` on of what evt_requests_take gave back in the queue, ahead
- * of those made since, for the loop's next turn. */
-void evt_requests_keep(struct evt_loop *loop, VALUE taken, enum evt_request_kind kind, long index);
+ * of those made since, for the loop's next turn: taken itself becomes the queue (1), or, with none of
+ * `kind` there, is left to recycle (0). */
+int evt_requests_keep(struct evt_loop *loop, VALUE taken, enum evt_request_kind kind, long index);
 
 #endif
