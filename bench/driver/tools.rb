@@ -34,7 +34,7 @@ module Bench
   end
 
   # Calls per request, in all and by call ({name => calls per request}, the most made first), each
-  # from a short separate load on the warm server. The total is the kernel's count of the
+  # from separate loads on the warm server. The total is the kernel's count of the
   # raw_syscalls:sys_enter tracepoint over every thread of the server (perf stat: the server runs at
   # full speed), where perf can read it; else strace's. By call from strace -c, which slows the
   # server down: with thousands of connections wrk then times out and reconnects, and strace's
@@ -50,8 +50,13 @@ module Bench
 
   PERF_EVENT = "raw_syscalls:sys_enter"
 
-  # perf stat's count of system calls per request, or nil where perf cannot count the tracepoint
-  # (no perf, no tracefs mounted, perf_event_paranoid).
+  # perf stat's count of system calls per request at steady state, or nil where perf cannot count
+  # the tracepoint (no perf, no tracefs mounted, perf_event_paranoid). Each wrk run opens its
+  # connections and closes them at its end, and each connection costs the server calls of its own
+  # (accept, close, a registration, a fiber's stack): thousands of them would fall on the requests,
+  # the more so the slower the server. So two loads are counted, one second and 1 + --strace seconds
+  # long, with the same connections; their difference in calls over their difference in requests
+  # leaves the connections' calls out.
   def perf_syscalls_per_request(pid, url, connections, headers)
     if @perf_counts.nil?
       @perf_counts = system("perf", "stat", "-e", PERF_EVENT, "-x,", "--", "true", out: File::NULL, err: File::NULL)
@@ -59,14 +64,25 @@ module Bench
     end
     return nil unless @perf_counts
 
+    short = perf_count_under_load(pid, url, connections, headers, 1) or return nil
+    long = perf_count_under_load(pid, url, connections, headers, 1 + @size[:strace]) or return nil
+    requests = long[1] - short[1]
+    return nil unless requests.positive? && long[0] >= short[0]
+
+    ((long[0] - short[0]).to_f / requests).round(2)
+  end
+
+  # [system calls, requests] of one wrk load of `seconds` on the server, perf attached throughout;
+  # nil if perf gave no count.
+  def perf_count_under_load(pid, url, connections, headers, seconds)
     log = File.join(ROOT, "tmp/bench/perf.#{pid}")
     perf = Process.spawn("perf", "stat", "-e", PERF_EVENT, "-x,", "-o", log, "-p", pid.to_s, out: File::NULL, err: File::NULL)
     sleep 0.3 # attached
-    report = wrk(url, connections, @size[:strace], headers)
+    report = wrk(url, connections, seconds, headers)
     Process.kill(:INT, perf)
     Process.wait(perf)
     count = File.read(log)[/^(\d+),[^,\n]*,#{PERF_EVENT}/o, 1]
-    count && (count.to_f / report[:requests]).round(2)
+    count && [Integer(count), report[:requests]]
   rescue Failure, SystemCallError
     nil
   ensure

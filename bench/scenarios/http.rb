@@ -3,9 +3,10 @@
 module Bench
   scenario "http-keepalive",
            metric: :cpu_us_per_req,
-           note: "(syscalls/req: the kernel's count over a separate 1-2 s run (perf stat of raw_syscalls:sys_enter), " \
-                 "else strace -c -f's, which slows the server down; syscalls_counted_by in the JSON says which; " \
-                 "the calls by name: another such run under strace)"
+           note: "(syscalls/req: the kernel's count (perf stat of raw_syscalls:sys_enter) over two separate runs, " \
+                 "1 s and 1 + 1-2 s, their difference in calls over their difference in requests, so that opening " \
+                 "and closing the connections is left out; else strace -c -f's over one run, which slows the server " \
+                 "down; syscalls_counted_by in the JSON says which; the calls by name: another run under strace)"
   scenario "http-close", metric: :cpu_us_per_req
   scenario "http-redis",
            metric: :cpu_us_per_req,
