@@ -338,29 +338,31 @@ module Stress
     end
 
     # A wait of a random kind that never ends by itself (another fiber ends it), with what it holds:
-    # [the wait's name, a block that runs it, a block that cleans up after]. The lock's holder keeps
-    # it a while, then lets go on its own.
+    # [the wait's name, a block that runs it, a block that cleans up after, a block the fiber that
+    # ends the wait calls once it has]. The lock's holder keeps it until that last block is called
+    # (a fixed time could run out first on a busy machine, and the wait end on its own), or 2 s.
     def early_ended_wait(random)
       case random.rand(5)
       when 0
         r, w = IO.pipe
-        [:read, -> { r.read(1) }, -> { [r, w].each(&:close) }]
-      when 1 then [:sleep, -> { sleep 30 }, -> {}]
-      when 2 then [:pop, -> { Thread::Queue.new.pop }, -> {}]
+        [:read, -> { r.read(1) }, -> { [r, w].each(&:close) }, -> {}]
+      when 1 then [:sleep, -> { sleep 30 }, -> {}, -> {}]
+      when 2 then [:pop, -> { Thread::Queue.new.pop }, -> {}, -> {}]
       when 3
         lock = Thread::Mutex.new
-        Fiber.schedule { lock.synchronize { sleep 0.05 } }
-        [:lock, -> { lock.synchronize {} }, -> {}]
+        release = Thread::Queue.new
+        Fiber.schedule { lock.synchronize { release.pop(timeout: 2) } }
+        [:lock, -> { lock.synchronize {} }, -> {}, -> { release << true }]
       else
         lock = Thread::Mutex.new
-        [:condition, -> { lock.synchronize { Thread::ConditionVariable.new.wait(lock) } }, -> {}]
+        [:condition, -> { lock.synchronize { Thread::ConditionVariable.new.wait(lock) } }, -> {}, -> {}]
       end
     end
 
     # Fiber#raise into a fiber in a wait: the exception comes out of that wait, and the wait leaves
     # nothing behind (the fiber's next wait ends by itself).
     def raise_into_wait(random)
-      name, wait, clean = early_ended_wait(random)
+      name, wait, clean, release = early_ended_wait(random)
       error = Class.new(StandardError)
       got = after = nil
       waiter = task(:raise_into_wait) do
@@ -373,6 +375,7 @@ module Stress
       task(:raise_into_wait) do
         sleep random.rand(0.0..0.003)
         waiter.raise(error) if waiter.alive?
+        release.call
       end
       -> { clean.call; [got, after] == %i[raised done] || "#{name}: #{got.inspect}, then #{after.inspect}" }
     end
@@ -380,7 +383,7 @@ module Stress
     # Fiber#kill of a fiber in a wait: its ensure runs, and the loop goes on without it (a fiber
     # waiting on the same lock or queue after it still gets in).
     def kill_in_wait(random)
-      name, wait, clean = early_ended_wait(random)
+      name, wait, clean, release = early_ended_wait(random)
       ensured = false
       waiter = task(:kill_in_wait) do
         wait.call
@@ -391,6 +394,7 @@ module Stress
       task(:kill_in_wait) do
         sleep random.rand(0.0..0.003)
         killed = waiter.alive? ? (waiter.kill && :killed) : :ended # (kill can find it already ended)
+        release.call
       end
       -> { clean.call; (ensured && !waiter.alive? && killed == :killed) || "#{name}: ensure #{ensured}, #{killed.inspect}" }
     end
